@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for Kiln: the system packages the tests need, then .venv with the project
+# and its dev extras. Idempotent and quiet when everything is already there; never reads stdin.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages (Debian). Each entry is "command-that-proves-it-is-there:package".
+need=()
+for pair in redis-server:redis-server gcc:gcc; do
+  cmd=${pair%%:*} pkg=${pair#*:}
+  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  echo "setup: installing system packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq </dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" </dev/null >/dev/null
+fi
+
+# Python environment. Reinstall only when pyproject.toml changed since the last install.
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.kiln-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing kiln[dev] into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip </dev/null
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' </dev/null
+  touch "$stamp"
+fi
