@@ -1,0 +1,62 @@
+"""Artifacts as plain records: compiled bytes plus what a device needs to call and time them.
+
+The tuner converts these to the wire's ArtifactMeta (protos/common.proto); field names match it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+ROLES = frozenset({"input", "output", "workspace"})
+FORMATS = frozenset({"shared_object"})
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One argument of an entry: `role` is "input" (filled), "output" (checked) or "workspace"."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(
+                f"argument {self.name}: role {self.role!r} is not one of {sorted(ROLES)}"
+            )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A callable of an artifact; `flop` is floating-point operations per call (0 if unknown)."""
+
+    symbol: str
+    timing_symbol: str
+    args: tuple[ArgSpec, ...]
+    flop: float
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """Compiled bytes; `sha256` is the hex digest of `data` and the devices' cache key."""
+
+    data: bytes
+    sha256: str
+    format: str
+    target: str
+    entries: tuple[Entry, ...]
+    workspace_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"artifact format {self.format!r} is not one of {sorted(FORMATS)}")
+        if hashlib.sha256(self.data).hexdigest() != self.sha256:
+            raise ValueError("artifact sha256 does not match its data")
+
+    def entry(self, symbol: str) -> Entry:
+        for e in self.entries:
+            if e.symbol == symbol:
+                return e
+        raise KeyError(f"artifact has no entry {symbol!r}")

@@ -1,0 +1,139 @@
+"""Render vectorized loops with GCC vector extensions, so SIMD code need not wait on auto-vectorizing.
+
+A loop qualifies when its extent is a power of two from 2 to 64 lanes (or `min(lanes, rest)`, in
+which case a full-width check picks the vector or the scalar path at run time) and its body is
+one store whose index moves by one element per iteration, of a value built from +, -, * of
+loads that move by one element (vector loads) or not at all (broadcast scalars). Unaligned
+memory is read and written through memcpy, which gcc turns into single unaligned moves. Loops
+wider than one 64-byte register become one vector statement per register-wide chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from compiler.arith.linear import linear_form
+from compiler.codegen.c import C_TYPES, constant_bound
+from compiler.ir import expr as E
+from compiler.ir.buffer import Buffer
+from compiler.ir.stmt import For, Store
+
+if TYPE_CHECKING:
+    from compiler.codegen.c import FunctionWriter
+
+_ITEM_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
+VECTOR_DTYPES = frozenset(_ITEM_BYTES)
+MAX_LANES = 64
+# One AVX-512 register. Wider vector types would be aligned past what the stack guarantees, and
+# gcc splits a 64-byte type into two on AVX2 hosts; a per-target width comes with target-aware codegen.
+MAX_VECTOR_BYTES = 64
+_OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*"}
+
+
+def vector_type(dtype: str, lanes: int) -> str:
+    return f"kiln_vec_{dtype}x{lanes}"
+
+
+def vector_helpers(dtype: str, lanes: int) -> str:
+    """The typedef and unaligned load/store helpers of one vector type."""
+    vt, ct, suffix = vector_type(dtype, lanes), C_TYPES[dtype], f"{dtype}x{lanes}"
+    size = lanes * _ITEM_BYTES[dtype]
+    return (
+        f"typedef {ct} {vt} __attribute__((vector_size({size})));\n"
+        f"static inline {vt} kiln_vload_{suffix}(const {ct} *p) {{\n"
+        f"  {vt} v;\n  memcpy(&v, p, sizeof v);\n  return v;\n}}\n"
+        f"static inline void kiln_vstore_{suffix}({ct} *p, {vt} v) {{ memcpy(p, &v, sizeof v); }}\n"
+    )
+
+
+def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | None:
+    """C lines for `loop` in vector form, or None when the loop does not qualify."""
+    lanes = constant_bound(loop.extent)
+    store = loop.body
+    if (
+        lanes is None
+        or not 2 <= lanes <= MAX_LANES
+        or lanes & (lanes - 1)
+        or not isinstance(store, Store)
+        or store.buffer.dtype not in VECTOR_DTYPES
+    ):
+        return None
+    if isinstance(loop.extent, E.IntImm) and loop.extent.value != lanes:
+        return None
+    form = linear_form(store.index, loop.var)
+    if form is None or form[0] != 1:
+        return None
+    dtype = store.buffer.dtype
+    # Wider than one vector register: several register-wide statements, one per chunk of lanes.
+    width = min(lanes, MAX_VECTOR_BYTES // _ITEM_BYTES[dtype])
+    lines: list[str] = []
+    for offset in range(0, lanes, width):
+        chunk = _Chunk(loop.var, store, width, offset, "")
+        chunk.target = chunk.element(w, store.buffer, form[1])
+        value = _vector_expr(w, store.value, chunk)
+        if value is None:
+            return None
+        code, is_vector = value
+        if not is_vector:
+            # scalar - {0} broadcasts the scalar and, unlike {0} + scalar, keeps the sign of -0.0.
+            code = f"({code} - ({vector_type(dtype, width)}){{0}})"
+        lines.append(f"kiln_vstore_{dtype}x{width}(&{chunk.target}, {code});")
+    w.vec_types.add((dtype, width))
+    pad = "  " * depth
+    if isinstance(loop.extent, E.IntImm):
+        return [pad + line for line in lines]
+    # The tail of a split that does not divide its axis: full tiles take the vector path.
+    v = w.name(loop.var)
+    return [
+        f"{pad}if ({w.expr(loop.extent)} == {lanes}) {{",
+        *(f"{pad}  {line}" for line in lines),
+        f"{pad}}} else {{",
+        f"{pad}  #pragma GCC ivdep",
+        f"{pad}  for (int32_t {v} = 0; {v} < {w.expr(loop.extent)}; ++{v}) {{",
+        *w.stmt(store, depth + 2),
+        f"{pad}  }}",
+        f"{pad}}}",
+    ]
+
+
+@dataclass
+class _Chunk:
+    """Lanes [offset, offset + width) of a vectorized loop over `var` whose body is `store`."""
+
+    var: E.Var
+    store: Store
+    width: int
+    offset: int
+    target: str  # the C element the chunk's store starts at
+
+    def element(self, w: FunctionWriter, buf: Buffer, rest: E.Expr) -> str:
+        index = w.expr(rest)
+        return (
+            f"{w.name(buf)}[{index} + {self.offset}]" if self.offset else f"{w.name(buf)}[{index}]"
+        )
+
+
+def _vector_expr(w: FunctionWriter, e: E.Expr, chunk: _Chunk) -> tuple[str, bool] | None:
+    """(C code, whether it is a vector) for `e` over the chunk's lanes, or None if unsupported."""
+    if chunk.var not in E.free_vars(e):
+        return w.expr(e), False
+    if isinstance(e, E.Load):
+        form = linear_form(e.index, chunk.var)
+        if form is None or form[0] not in (0, 1):
+            return None
+        element = chunk.element(w, e.buffer, form[1])
+        if e.buffer is chunk.store.buffer and (form[0] != 1 or element != chunk.target):
+            # Reading other elements of the buffer being written would see lanes out of order.
+            return None
+        if form[0] == 0:
+            return f"{w.name(e.buffer)}[{w.expr(form[1])}]", False
+        return f"kiln_vload_{e.dtype}x{chunk.width}(&{element})", True
+    if type(e) in _OPS:
+        assert isinstance(e, E.BinaryOp)
+        a = _vector_expr(w, e.a, chunk)
+        b = _vector_expr(w, e.b, chunk)
+        if a is None or b is None:
+            return None
+        return f"({a[0]} {_OPS[type(e)]} {b[0]})", a[1] or b[1]
+    return None

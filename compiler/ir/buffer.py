@@ -1,0 +1,39 @@
+"""Buffers: named, typed, row-major regions of memory that loads and stores index flat."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A dense row-major tensor in memory; `shape` is in elements."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if any(d < 1 for d in self.shape):
+            raise ValueError(f"buffer {self.name}: every dimension must be >= 1, got {self.shape}")
+        np.dtype(self.dtype)  # reject names numpy does not know early
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Row-major strides in elements."""
+        strides = [1] * len(self.shape)
+        for d in range(len(self.shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * self.shape[d + 1]
+        return tuple(strides)

@@ -1,0 +1,79 @@
+"""The matmul template: C[m, n] = sum_k A[m, k] * B[k, n] in float32, workload (M, N, K)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from compiler import te
+from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.schedule.schedule import Schedule, create_schedule
+from compiler.te.tensor import Tensor
+
+# Tile caps: m and k tiles stay small enough to keep A's and B's tiles in L1/L2; n is the vector axis.
+_MAX_TILE_M, _MAX_TILE_N, _MAX_TILE_K = 64, 128, 256
+
+
+class MatmulTemplate:
+    name = "matmul"
+
+    def compute(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
+        m, n, k = _workload(shape)
+        a = te.placeholder((m, k), "float32", name="A")
+        b = te.placeholder((k, n), "float32", name="B")
+        r = te.reduce_axis((0, k), name="k")
+        c = te.compute((m, n), lambda m, n: te.sum(a[m, r] * b[r, n], axis=r), name="C")
+        return a, b, c
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        a, b = inputs
+        return np.matmul(a, b, dtype=np.float32)
+
+    def flop(self, shape: tuple[int, ...]) -> float:
+        m, n, k = _workload(shape)
+        return 2.0 * m * n * k
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        m, n, k = _workload(shape)
+        return ConfigSpace(
+            [
+                Knob("tile_m", tile_choices(m, _MAX_TILE_M)),
+                Knob("tile_n", tile_choices(n, _MAX_TILE_N)),
+                Knob("tile_k", tile_choices(k, _MAX_TILE_K)),
+                Knob("vectorize", (False, True)),
+                Knob("unroll", (False, True)),
+            ]
+        )
+
+    def instantiate(self, shape: tuple[int, ...], config: Config) -> tuple[Schedule, list[Any]]:
+        """Tiles (mo, no, ko, mi, ki, ni): a C tile stays in registers/L1 across the k tile."""
+        a, b, c = self.compute(shape)
+        sch = create_schedule(c)
+        stage = sch[c]
+        m, n = stage.axis
+        (k,) = stage.reduce_axis
+        mo, mi = stage.split(m, config["tile_m"])
+        no, ni = stage.split(n, config["tile_n"])
+        ko, ki = stage.split(k, config["tile_k"])
+        stage.reorder(mo, no, ko, mi, ki, ni)
+        if config["vectorize"]:
+            stage.vectorize(ni)
+        if config["unroll"]:
+            stage.unroll(ki)
+        return sch, [a, b, c]
+
+
+def tile_choices(extent: int, cap: int) -> tuple[int, ...]:
+    """Powers of two and divisors of `extent`, up to min(extent, cap), ascending."""
+    limit = min(extent, cap)
+    powers = {1 << p for p in range(limit.bit_length()) if 1 << p <= limit}
+    divisors = {d for d in range(1, limit + 1) if extent % d == 0}
+    return tuple(sorted(powers | divisors))
+
+
+def _workload(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(shape) != 3 or any(not isinstance(d, int) or d < 1 for d in shape):
+        raise ValueError(f"matmul workload is (M, N, K) of positive ints, got {shape!r}")
+    m, n, k = shape
+    return m, n, k

@@ -1,0 +1,91 @@
+"""C rendering (no compiler run here): ABI, vector extension code, pragmas, names; target table."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler import ops, te, toolchain
+from compiler.build import build_source
+from compiler.codegen.c import check_symbol, render_c
+from compiler.errors import BuildError, CodegenError
+from compiler.ir import Buffer, FloorDiv, For, ForKind, IntImm, Load, PrimFunc, Store, Var
+from compiler.schedule import create_schedule
+
+MATMUL = ops.get_template("matmul")
+
+
+def matmul_source(shape: tuple[int, int, int], **knobs: object) -> str:
+    space = MATMUL.config_space(shape)
+    sch, args = MATMUL.instantiate(shape, space.get(space.index_of(knobs)))
+    return build_source(sch, args, "mm")
+
+
+def test_packed_abi_and_timing_entry() -> None:
+    src = matmul_source((8, 8, 8), tile_m=8, tile_n=8, tile_k=8, vectorize=False, unroll=False)
+    assert "int32_t mm(void **args) {" in src
+    assert "float *restrict B = (float *)args[1];" in src
+    assert "int32_t mm__time(void **args, const kiln_timing_config *cfg, double *samples_s," in src
+    assert src.index("#define _POSIX_C_SOURCE") < src.index("#include")
+
+
+def test_vectorized_inner_loop_uses_vector_extensions() -> None:
+    src = matmul_source((8, 16, 8), tile_m=4, tile_n=16, tile_k=4, vectorize=True, unroll=True)
+    assert "typedef float kiln_vec_float32x16 __attribute__((vector_size(64)));" in src
+    # C tile += A scalar (broadcast) * B row, as one vector statement
+    assert "kiln_vstore_float32x16(&C[" in src
+    assert "kiln_vload_float32x16(&C[" in src and "kiln_vload_float32x16(&B[" in src
+    assert "#pragma GCC unroll 4" in src
+
+
+def test_wide_vector_loop_becomes_one_statement_per_register() -> None:
+    src = matmul_source((4, 64, 4), tile_m=1, tile_n=64, tile_k=4, vectorize=True, unroll=False)
+    assert "kiln_vec_float32x64" not in src
+    assert src.count("kiln_vstore_float32x16(&C[") == 2 * 4  # init and update, 4 chunks each
+    assert "kiln_vload_float32x16(&B[((((k_o * 4) + k_i) * 64) + (n_o * 64)) + 48])" in src
+
+
+def test_vectorized_tail_picks_vector_or_scalar_path_at_run_time() -> None:
+    src = matmul_source((5, 13, 3), tile_m=1, tile_n=8, tile_k=1, vectorize=True, unroll=False)
+    assert "== 8) {" in src and "kiln_vstore_float32x8" in src
+    assert "#pragma GCC ivdep" in src  # the scalar tail
+
+
+def test_unqualified_vector_loop_falls_back_to_ivdep() -> None:
+    x, y = Buffer("x", (12,), "float32"), Buffer("y", (12,), "float32")
+    i = Var("i")
+    body = Store(y, i, Load(x, FloorDiv(i, IntImm(2))))  # not linear in i
+    src = render_c([(PrimFunc("f", (x, y), For(i, IntImm(12), ForKind.VECTORIZED, body)), "f")])
+    assert "kiln_vstore" not in src
+    assert "#pragma GCC ivdep\n  for (int32_t i = 0; i < 12; ++i) {" in src
+    assert "kiln_floordiv_int32(i, 2)" in src
+
+
+def test_shifted_self_read_is_not_vectorized() -> None:
+    y = Buffer("y", (17,), "float32")
+    i = Var("i")
+    body = Store(y, i + 1, Load(y, i) * 2.0)  # lane i+1 reads lane i: a scalar recurrence
+    src = render_c([(PrimFunc("f", (y,), For(i, IntImm(16), ForKind.VECTORIZED, body)), "f")])
+    assert "kiln_vstore" not in src
+
+
+def test_names_are_made_unique_and_legal() -> None:
+    x = te.placeholder((4,), name="x")
+    y = te.compute((4,), lambda int: x[int] + 1.0, name="out.put")
+    src = build_source(create_schedule(y), [x, y], "f")
+    assert "float *restrict out_put = (float *)args[1];" in src
+    assert "for (int32_t int_1 = 0;" in src
+
+
+@pytest.mark.parametrize("bad", ["1x", "a-b", "static", "kiln_vload_x", "f__time", ""])
+def test_bad_symbols(bad: str) -> None:
+    with pytest.raises(CodegenError, match="not a usable C function name"):
+        check_symbol(bad)
+
+
+def test_target_table() -> None:
+    host = toolchain.host_target()
+    assert host.name in toolchain.TARGETS
+    assert "-march=native" in host.flags or "-mcpu=native" in host.flags
+    assert toolchain.get_target("x86_64-avx2").flags[-1] == "-march=x86-64-v3"
+    with pytest.raises(BuildError, match="unknown target 'riscv'"):
+        toolchain.get_target("riscv")
