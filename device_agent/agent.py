@@ -1,0 +1,215 @@
+"""The agent's core: devices, artifact cache and executors behind plain methods the servicer calls."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.metadata
+import logging
+import os
+import platform
+import secrets
+import socket
+import threading
+
+import numpy as np
+
+from device_agent import arrays
+from device_agent.backends import get_backend
+from device_agent.cache import ArtifactCache, PendingArtifact, validate_sha256
+from device_agent.config import AgentConfig
+from device_agent.domain import (
+    AgentInfo,
+    ArgRole,
+    ArtifactMeta,
+    DeviceSpec,
+    EntryPoint,
+    MeasureRequest,
+    MeasureResult,
+    RunRequest,
+    RunResult,
+    Status,
+    TensorSpec,
+)
+from device_agent.errors import InvalidRequestError, UnknownDeviceError
+from device_agent.executor import Executor
+from device_agent.jobs import MEASURE, RUN, Job, JobResult, ReferenceCheck
+from device_agent.leases import AcceptAllLeases, LeaseVerifier
+
+_LOG = logging.getLogger(__name__)
+
+
+class _Unresolved(Exception):
+    """A request names an artifact or entry this agent cannot use: a result, not an RPC error."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def default_agent_id() -> str:
+    """ "<hostname>-<pid>-<random>": unique per process, readable in the tracker's listing."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def agent_version() -> str:
+    """The installed kiln version, or "unknown" when running from an uninstalled checkout."""
+    try:
+        return importlib.metadata.version("kiln")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Agent:
+    """Serves one backend's devices; every method is safe to call from many threads."""
+
+    def __init__(
+        self, config: AgentConfig, address: str, lease_verifier: LeaseVerifier | None = None
+    ) -> None:
+        self.config = config
+        self.agent_id = config.agent_id or default_agent_id()
+        self.backend = get_backend(config.backend)
+        self.cache = ArtifactCache(config.cache_dir, config.max_artifact_bytes)
+        self._leases: LeaseVerifier = lease_verifier or AcceptAllLeases()
+        tags = {"arch": platform.machine(), **self.backend.device_tags(), **config.tags}
+        self.devices = tuple(
+            DeviceSpec(f"{self.agent_id}/{i}", config.key, dict(tags), address, self.backend.name)
+            for i in range(config.devices)
+        )
+        self._executors = {
+            d.device_id: Executor(
+                d.device_id,
+                self.backend,
+                config.executor_address_space_bytes,
+                config.device_wait_s,
+            )
+            for d in self.devices
+        }
+
+    def begin_upload(self, meta: ArtifactMeta) -> PendingArtifact:
+        """Start storing an artifact (see `ArtifactCache.begin`)."""
+        for entry in meta.entries:
+            for arg in entry.args:
+                _validate_spec(arg)
+        return self.cache.begin(meta)
+
+    def has(self, sha256: str) -> bool:
+        """Whether the artifact is cached."""
+        return self.cache.has(sha256)
+
+    def measure(
+        self, request: MeasureRequest, cancelled: threading.Event | None = None
+    ) -> MeasureResult:
+        """Time an entry on a device.
+
+        Raises:
+            UnknownDeviceError: the device is not this agent's.
+            InvalidRequestError: a malformed artifact hash.
+        """
+        executor = self._executor(request.device_id)
+        sha = validate_sha256(request.artifact_sha256)
+        result = self._authorize(request.device_id, request.lease_id, request.lease_token)
+        if result is None:
+            try:
+                path, entry = self._resolve(sha, request.symbol)
+                check = None
+                if request.check is not None and request.check.reference_sha256:
+                    ref_sha = validate_sha256(request.check.reference_sha256)
+                    ref_path, ref_entry = self._resolve(
+                        ref_sha, request.check.reference_symbol or request.symbol, "reference "
+                    )
+                    check = ReferenceCheck(
+                        ref_path, ref_entry, request.check.rtol, request.check.atol
+                    )
+            except _Unresolved as e:
+                result = JobResult(e.status, error=str(e))
+            else:
+                job = Job(MEASURE, path, entry, request.seed, request.config, check)
+                result = executor.submit(job, self._timeout_s(request.config.timeout_s), cancelled)
+        return MeasureResult(
+            status=result.status,
+            samples_s=result.samples_s,
+            error=result.error,
+            signal=result.signal,
+            number_used=result.number_used,
+            telemetry=self.backend.telemetry(),
+            device_id=request.device_id,
+            emulated=self.backend.emulated,
+        )
+
+    def run(self, request: RunRequest, cancelled: threading.Event | None = None) -> RunResult:
+        """Run an entry once and return its outputs.
+
+        Raises:
+            UnknownDeviceError: the device is not this agent's.
+            InvalidRequestError: a malformed hash, or inputs that do not match the entry.
+        """
+        executor = self._executor(request.device_id)
+        sha = validate_sha256(request.artifact_sha256)
+        result = self._authorize(request.device_id, request.lease_id, request.lease_token)
+        if result is None:
+            try:
+                path, entry = self._resolve(sha, request.symbol)
+            except _Unresolved as e:
+                result = JobResult(e.status, error=str(e))
+            else:
+                if request.inputs is not None:
+                    _check_inputs(entry, request.inputs)
+                job = Job(RUN, path, entry, request.seed, inputs=request.inputs)
+                result = executor.submit(job, self._timeout_s(request.timeout_s), cancelled)
+        return RunResult(result.status, result.outputs, result.error, result.signal)
+
+    def info(self) -> AgentInfo:
+        """Who this agent is and what it serves."""
+        return AgentInfo(self.agent_id, self.devices, self.backend.telemetry(), agent_version())
+
+    def close(self) -> None:
+        """Kill every executor (in parallel: each may wait for its child to die)."""
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(len(self._executors), 1)
+        ) as pool:
+            list(pool.map(Executor.close, self._executors.values()))
+
+    def _executor(self, device_id: str) -> Executor:
+        try:
+            return self._executors[device_id]
+        except KeyError:
+            raise UnknownDeviceError(f"no device {device_id!r} on agent {self.agent_id}") from None
+
+    def _authorize(self, device_id: str, lease_id: str, lease_token: str) -> JobResult | None:
+        if self._leases.verify(device_id, lease_id, lease_token):
+            return None
+        return JobResult(Status.UNAUTHORIZED, error=f"lease {lease_id!r} is not valid here")
+
+    def _resolve(self, sha: str, symbol: str, what: str = "") -> tuple[str, EntryPoint]:
+        cached = self.cache.get(sha)
+        if cached is None:
+            raise _Unresolved(Status.LOAD_ERROR, f"{what}artifact {sha} not in cache")
+        if cached.meta.format not in self.backend.formats:
+            raise _Unresolved(
+                Status.LOAD_ERROR,
+                f"backend {self.backend.name} cannot load {what}artifact format {cached.meta.format}",
+            )
+        entry = cached.meta.entry(symbol)
+        if entry is None:
+            raise _Unresolved(Status.LOAD_ERROR, f"no entry {symbol!r} in {what}artifact {sha}")
+        return cached.path, entry
+
+    def _timeout_s(self, requested_s: float) -> float:
+        return requested_s if requested_s > 0 else self.config.default_timeout_s
+
+
+def _validate_spec(spec: TensorSpec) -> None:
+    try:
+        np.dtype(spec.dtype)
+    except TypeError:
+        raise InvalidRequestError(f"arg {spec.name!r} has unknown dtype {spec.dtype!r}") from None
+    if any(d < 0 for d in spec.shape):
+        raise InvalidRequestError(f"arg {spec.name!r} has a negative dimension: {spec.shape}")
+
+
+def _check_inputs(entry: EntryPoint, inputs: tuple[np.ndarray, ...]) -> None:
+    specs = [a for a in entry.args if a.role is ArgRole.INPUT]
+    try:
+        arrays.check_inputs(specs, inputs)
+    except ValueError as e:
+        raise InvalidRequestError(f"inputs of {entry.symbol}: {e}") from None

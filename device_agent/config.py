@@ -1,0 +1,36 @@
+"""The agent's configuration record."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "kiln", "agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything an agent process is configured with.
+
+    `agent_id` empty means "<hostname>-<pid>-<random>"; `tracker_address` empty means serve standalone
+    without registering. Device ids are "<agent_id>/<index>" for index in range(devices).
+    """
+
+    key: str = "local"
+    backend: str = "cpu"
+    devices: int = 1
+    tags: dict[str, str] = field(default_factory=dict)
+    agent_id: str = ""
+    advertise_host: str = "127.0.0.1"
+    tracker_address: str = ""
+    cache_dir: str = DEFAULT_CACHE_DIR
+    max_artifact_bytes: int = 256 * 1024 * 1024
+    # Applied with RLIMIT_AS in each executor child, so a runaway allocation fails there.
+    executor_address_space_bytes: int = 8 * 1024 * 1024 * 1024
+    default_timeout_s: float = 60.0
+    # A request waits this long for its device's previous measurement to finish.
+    device_wait_s: float = 600.0
+    rpc_timeout_s: float = 5.0
+    reregister_backoff_initial_s: float = 0.1
+    reregister_backoff_cap_s: float = 5.0
+    stop_grace_s: float = 2.0

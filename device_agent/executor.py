@@ -1,0 +1,241 @@
+"""A device's executor: runs jobs one at a time, in a supervised child when the backend is sandboxed.
+
+The child is respawned right after any death (crash, timeout kill, cancel), so the next request is
+served by a fresh process. The child runs in its own session so that killing its process group also
+ends anything a kernel forked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from device_agent.backends.base import Backend
+from device_agent.domain import Status
+from device_agent.framing import FrameError, encode_frame, read_frame
+from device_agent.jobs import Job, JobResult, job_to_frame, result_from_frame
+
+_LOG = logging.getLogger(__name__)
+# How often a wait on the child looks at the client's cancel flag.
+_POLL_S = 0.05
+# How long a child that closed its pipe gets to exit before it is killed.
+_REAP_S = 5.0
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _DeadlineExceeded(Exception):
+    pass
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class Executor:
+    """Runs the jobs of one device, one at a time."""
+
+    def __init__(
+        self, device_id: str, backend: Backend, address_space_bytes: int, device_wait_s: float
+    ) -> None:
+        self.device_id = device_id
+        self._backend = backend
+        self._address_space_bytes = address_space_bytes
+        self._device_wait_s = device_wait_s
+        self._busy = threading.Lock()  # one job at a time on the device
+        self._state = threading.Lock()  # guards _proc and _closed
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_thread: threading.Thread | None = None
+        self._closed = False
+        if backend.sandboxed:
+            with self._state:
+                self._spawn()
+
+    def submit(
+        self, job: Job, timeout_s: float, cancelled: threading.Event | None = None
+    ) -> JobResult:
+        """Run `job` within `timeout_s` seconds; every failure is a result."""
+        if not self._busy.acquire(timeout=self._device_wait_s):
+            return JobResult(Status.RUNTIME_ERROR, error=f"device {self.device_id} stayed busy")
+        try:
+            if self._closed:
+                return JobResult(Status.DEVICE_LOST, error="the agent is stopping")
+            if not self._backend.sandboxed:
+                return self._backend.execute(job)
+            return self._submit_to_child(job, time.monotonic() + timeout_s, timeout_s, cancelled)
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        """Kill the child and join its log thread; later submits get DEVICE_LOST."""
+        with self._state:
+            self._closed = True
+            proc, thread = self._proc, self._log_thread
+            self._proc = None
+        if proc is not None:
+            _kill(proc)
+            _close_pipes(proc)
+        if thread is not None:
+            thread.join(timeout=_REAP_S)
+
+    def _submit_to_child(
+        self, job: Job, deadline: float, timeout_s: float, cancelled: threading.Event | None
+    ) -> JobResult:
+        with self._state:
+            if self._proc is None:
+                self._spawn()
+            proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        waiter = _Waiter(deadline, cancelled)
+        try:
+            waiter.write_all(proc.stdin.fileno(), encode_frame(*job_to_frame(job)))
+            return result_from_frame(read_frame(waiter.reader(proc.stdout.fileno())))
+        except _DeadlineExceeded:
+            self._replace_child(proc, kill=True)
+            return JobResult(Status.TIMEOUT, error=f"ran past {timeout_s:g} s; executor killed")
+        except _Cancelled:
+            self._replace_child(proc, kill=True)
+            return JobResult(Status.RUNTIME_ERROR, error="cancelled by the client; executor killed")
+        except (EOFError, OSError):
+            returncode = self._replace_child(proc, kill=False)
+            return _death_result(returncode)
+        except (FrameError, KeyError, ValueError, TypeError) as e:
+            self._replace_child(proc, kill=True)
+            return JobResult(Status.RUNTIME_ERROR, error=f"executor sent a malformed result: {e}")
+
+    def _replace_child(self, proc: subprocess.Popen[bytes], kill: bool) -> int:
+        """End `proc` (waiting a little for it when not killing) and spawn its successor."""
+        if kill:
+            _kill(proc)
+        else:
+            try:
+                proc.wait(timeout=_REAP_S)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+        _close_pipes(proc)
+        returncode = proc.returncode
+        _LOG.info("executor of %s ended (%s); respawning", self.device_id, _describe(returncode))
+        with self._state:
+            if self._proc is proc:
+                self._proc = None
+                if not self._closed:
+                    self._spawn()
+        return returncode
+
+    def _spawn(self) -> None:
+        """Start a child; the caller holds `_state`."""
+        env = dict(os.environ)
+        # The child must import this package even where it is not installed (a copied checkout).
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        cmd = [
+            sys.executable,
+            "-m",
+            "device_agent.executor_child",
+            "--backend",
+            self._backend.name,
+            "--address-space-bytes",
+            str(self._address_space_bytes),
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)
+        self._proc = proc
+        self._log_thread = threading.Thread(
+            target=_forward_log, args=(proc, self.device_id), daemon=True
+        )
+        self._log_thread.start()
+
+
+class _Waiter:
+    """Pipe I/O that gives up at a deadline or when the client cancels."""
+
+    def __init__(self, deadline: float, cancelled: threading.Event | None) -> None:
+        self._deadline = deadline
+        self._cancelled = cancelled
+
+    def _wait(self, fd: int, events: int) -> bool:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise _DeadlineExceeded
+        if self._cancelled is not None and self._cancelled.is_set():
+            raise _Cancelled
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, events)
+            return bool(sel.select(min(remaining, _POLL_S)))
+
+    def write_all(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._wait(fd, selectors.EVENT_WRITE):
+                # The pipe may fill between the select and the write.
+                with contextlib.suppress(BlockingIOError):
+                    view = view[os.write(fd, view) :]
+
+    def reader(self, fd: int) -> Callable[[int], bytes]:
+        def read_exact(n: int) -> bytes:
+            parts, remaining = [], n
+            while remaining:
+                if self._wait(fd, selectors.EVENT_READ):
+                    data = os.read(fd, min(remaining, 1 << 20))
+                    if not data:
+                        raise EOFError("executor closed its pipe")
+                    parts.append(data)
+                    remaining -= len(data)
+            return b"".join(parts)
+
+        return read_exact
+
+
+def _death_result(returncode: int) -> JobResult:
+    if returncode < 0:
+        return JobResult(
+            Status.CRASH, error=f"executor {_describe(returncode)}", signal=-returncode
+        )
+    return JobResult(Status.RUNTIME_ERROR, error=f"executor {_describe(returncode)}")
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=_REAP_S)
+    except subprocess.TimeoutExpired:
+        _LOG.error("executor %d did not die after SIGKILL", proc.pid)
+
+
+def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+def _forward_log(proc: subprocess.Popen[bytes], device_id: str) -> None:
+    """Copy the child's stderr into the agent log until the child and its descendants close it."""
+    assert proc.stderr is not None
+    with proc.stderr:
+        for line in proc.stderr:
+            _LOG.info("[%s] %s", device_id, line.decode(errors="replace").rstrip())

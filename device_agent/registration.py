@@ -1,0 +1,111 @@
+"""Keeps this agent's devices registered with the tracker.
+
+Register all devices, then Heartbeat every `heartbeat_interval_s` the tracker returned. A heartbeat
+answered `known=false` (the tracker restarted or expired us) means register again at once; an
+unreachable tracker means register again, forever, with capped exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from protos import tracker_pb2_grpc
+
+_LOG = logging.getLogger(__name__)
+# Used when the tracker answers a zero interval, and the floor that keeps a bad one from spinning.
+_DEFAULT_HEARTBEAT_S = 5.0
+_MIN_HEARTBEAT_S = 0.05
+
+
+class Registrar:
+    """A thread that registers and heartbeats until `stop()`.
+
+    Args:
+        tracker_address: host:port of the tracker.
+        register_request: builds the RegisterRequest (called on every registration).
+        heartbeat_request: builds the HeartbeatRequest.
+        rpc_timeout_s: deadline of each call to the tracker.
+        backoff_initial_s: first wait after a failed registration; doubles up to `backoff_cap_s`.
+    """
+
+    def __init__(
+        self,
+        tracker_address: str,
+        register_request: Callable[[], object],
+        heartbeat_request: Callable[[], object],
+        rpc_timeout_s: float,
+        backoff_initial_s: float,
+        backoff_cap_s: float,
+    ) -> None:
+        self.tracker_address = tracker_address
+        self._register_request = register_request
+        self._heartbeat_request = heartbeat_request
+        self._rpc_timeout_s = rpc_timeout_s
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_cap_s = backoff_cap_s
+        self._stop = threading.Event()
+        # gRPC's own reconnect backoff grows to 120 s by default; cap it at ours, so an agent whose
+        # tracker was down a long while registers within backoff_cap_s of it coming back.
+        backoff_ms = int(backoff_initial_s * 1000)
+        self._channel = grpc.insecure_channel(
+            tracker_address,
+            options=[
+                ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+                ("grpc.min_reconnect_backoff_ms", backoff_ms),
+                ("grpc.max_reconnect_backoff_ms", int(backoff_cap_s * 1000)),
+            ],
+        )
+        self._stub = tracker_pb2_grpc.TrackerStub(self._channel)
+        self._thread = threading.Thread(target=self._loop, name="kiln-registrar", daemon=True)
+        self.registered = threading.Event()  # set after the first successful registration
+
+    def start(self) -> None:
+        """Start registering in the background."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop heartbeating and join the thread (bounded by one RPC deadline)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._rpc_timeout_s + 1.0)
+        self._channel.close()
+
+    def _loop(self) -> None:
+        backoff_s = self._backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                interval_s = self._register()
+                backoff_s = self._backoff_initial_s
+                while not self._stop.wait(interval_s):
+                    reply = self._stub.Heartbeat(
+                        self._heartbeat_request(), timeout=self._rpc_timeout_s
+                    )
+                    if not reply.known:
+                        _LOG.warning(
+                            "tracker %s forgot this agent; registering again", self.tracker_address
+                        )
+                        break
+            except grpc.RpcError as e:
+                delay_s = backoff_s * random.uniform(0.5, 1.0)
+                _LOG.warning(
+                    "tracker %s unreachable (%s); registering again in %.2f s",
+                    self.tracker_address,
+                    e.code() if hasattr(e, "code") else e,
+                    delay_s,
+                )
+                self._stop.wait(delay_s)
+                backoff_s = min(backoff_s * 2, self._backoff_cap_s)
+
+    def _register(self) -> float:
+        reply = self._stub.Register(self._register_request(), timeout=self._rpc_timeout_s)
+        interval_s = reply.heartbeat_interval_s or _DEFAULT_HEARTBEAT_S
+        _LOG.info(
+            "registered with tracker %s; heartbeat every %.2f s", self.tracker_address, interval_s
+        )
+        self.registered.set()
+        return max(interval_s, _MIN_HEARTBEAT_S)

@@ -1,0 +1,107 @@
+"""Build and stop a serving agent: gRPC server, core, and tracker registration together."""
+
+from __future__ import annotations
+
+import logging
+from concurrent import futures
+from types import TracebackType
+
+import grpc
+
+from device_agent import serde
+from device_agent.agent import Agent
+from device_agent.config import AgentConfig
+from device_agent.leases import LeaseVerifier
+from device_agent.registration import Registrar
+from device_agent.service import AgentServicer
+from protos import agent_pb2_grpc
+
+_LOG = logging.getLogger(__name__)
+# Run carries whole tensors both ways; gRPC's 4 MiB default would cap them. Uploads stream in
+# chunks and are bounded by max_artifact_bytes, not by this.
+_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+class AgentServer:
+    """A serving agent; `stop()` ends registration, the RPC server and the executors, in that order."""
+
+    def __init__(self, server: grpc.Server, agent: Agent, registrar: Registrar | None) -> None:
+        self.grpc_server = server
+        self.agent = agent
+        self.registrar = registrar
+        self._stopped = False
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop everything; in-flight RPCs get `grace_s` (default config.stop_grace_s). Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.agent.config.stop_grace_s if grace_s is None else grace_s
+        if self.registrar is not None:
+            self.registrar.stop()
+        # stop() only starts the grace period; closing the executors right away ends a measurement
+        # in flight (it answers DEVICE_LOST) instead of letting it hold the whole grace period.
+        done = self.grpc_server.stop(grace)
+        self.agent.close()
+        done.wait(timeout=grace + 5.0)
+        _LOG.info("agent %s stopped", self.agent.agent_id)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until the server terminates or `timeout_s` passes; True when it terminated."""
+        return bool(self.grpc_server.wait_for_termination(timeout=timeout_s))
+
+    def __enter__(self) -> AgentServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def create_server(
+    listen: str = "127.0.0.1:0",
+    config: AgentConfig | None = None,
+    lease_verifier: LeaseVerifier | None = None,
+) -> tuple[AgentServer, int, Agent]:
+    """Bind `listen`, start serving, and register with the tracker when one is configured.
+
+    Returns:
+        (server, port, agent): `port` is the bound port (the real one when `listen` ends in :0);
+        devices advertise `config.advertise_host:port`.
+    """
+    config = config or AgentConfig()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4 + 2 * config.devices),
+        options=[
+            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+        ],
+    )
+    port = server.add_insecure_port(listen)
+    address = f"{config.advertise_host}:{port}"
+    agent = Agent(config, address, lease_verifier)
+    agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(agent), server)
+    server.start()
+    registrar = None
+    if config.tracker_address:
+        registrar = Registrar(
+            config.tracker_address,
+            lambda: serde.register_request(agent.agent_id, address, agent.devices),
+            lambda: serde.heartbeat_request(agent.agent_id),
+            config.rpc_timeout_s,
+            config.reregister_backoff_initial_s,
+            config.reregister_backoff_cap_s,
+        )
+        registrar.start()
+    _LOG.info(
+        "agent %s serving %d %s device(s) on %s",
+        agent.agent_id,
+        config.devices,
+        config.backend,
+        address,
+    )
+    return AgentServer(server, agent, registrar), port, agent

@@ -1,0 +1,117 @@
+"""The agent registers its devices with a tracker, heartbeats, and registers again when forgotten."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from device_agent.config import AgentConfig
+from device_agent.server import create_server
+from protos import tracker_pb2, tracker_pb2_grpc
+
+HEARTBEAT_S = 0.05
+
+
+class FakeTracker(tracker_pb2_grpc.TrackerServicer):
+    """Records Register and Heartbeat calls; answers known=false to the first heartbeat."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.registers: list[tracker_pb2.RegisterRequest] = []
+        self.heartbeats: list[int] = []  # how many registrations preceded each heartbeat
+
+    def Register(
+        self, request: tracker_pb2.RegisterRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.RegisterResponse:
+        with self.lock:
+            self.registers.append(request)
+        return tracker_pb2.RegisterResponse(heartbeat_interval_s=HEARTBEAT_S)
+
+    def Heartbeat(
+        self, request: tracker_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.HeartbeatResponse:
+        with self.lock:
+            self.heartbeats.append(len(self.registers))
+            return tracker_pb2.HeartbeatResponse(known=len(self.heartbeats) > 1)
+
+
+def serve_tracker(tracker: FakeTracker, port: int = 0) -> tuple[grpc.Server, int]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    tracker_pb2_grpc.add_TrackerServicer_to_server(tracker, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, port
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def tracker() -> Iterator[tuple[FakeTracker, int]]:
+    fake = FakeTracker()
+    server, port = serve_tracker(fake)
+    yield fake, port
+    server.stop(None)
+
+
+def test_registers_heartbeats_and_reregisters_when_forgotten(
+    tracker: tuple[FakeTracker, int], tmp_path: Path
+) -> None:
+    fake, port = tracker
+    config = AgentConfig(
+        backend="null",
+        devices=2,
+        key="k",
+        tags={"board": "b"},
+        agent_id="reg-agent",
+        tracker_address=f"127.0.0.1:{port}",
+        cache_dir=str(tmp_path),
+    )
+    server, agent_port, _ = create_server("127.0.0.1:0", config)
+    with server:
+        # Heartbeat 1 is answered known=false, so registration 2 follows; then heartbeats resume.
+        assert wait_until(lambda: len(fake.registers) >= 2 and fake.heartbeats[-1:] == [2])
+    first = fake.registers[0]
+    assert first.agent_id == "reg-agent"
+    assert first.agent_address == f"127.0.0.1:{agent_port}"
+    assert [d.device_id for d in first.devices] == ["reg-agent/0", "reg-agent/1"]
+    assert all(d.tags["board"] == "b" and d.tags["arch"] and d.key == "k" for d in first.devices)
+    assert fake.heartbeats[0] == 1
+    count = len(fake.registers) + len(fake.heartbeats)
+    time.sleep(5 * HEARTBEAT_S)
+    assert len(fake.registers) + len(fake.heartbeats) == count, "still calling after stop()"
+
+
+def test_keeps_trying_until_the_tracker_appears(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = AgentConfig(
+        backend="null",
+        tracker_address=f"127.0.0.1:{port}",
+        cache_dir=str(tmp_path),
+        rpc_timeout_s=0.5,
+        reregister_backoff_cap_s=0.2,
+    )
+    server, _, _ = create_server("127.0.0.1:0", config)
+    with server:
+        time.sleep(0.5)  # several failed attempts
+        fake = FakeTracker()
+        tracker_server, _ = serve_tracker(fake, port)
+        try:
+            assert wait_until(lambda: len(fake.registers) >= 1)
+        finally:
+            tracker_server.stop(None)
