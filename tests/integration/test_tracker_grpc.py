@@ -1,0 +1,208 @@
+"""The Tracker gRPC service over a real server on 127.0.0.1, port 0."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
+from tracker.config import TrackerConfig
+from tracker.server import ServingTracker, create_server
+
+RPC_TIMEOUT_S = 10.0  # deadline on every call; no test should come near it
+
+
+@pytest.fixture
+def tracker() -> Iterator[ServingTracker]:
+    serving = create_server("127.0.0.1:0", TrackerConfig(heartbeat_interval_s=5.0))
+    try:
+        yield serving
+    finally:
+        serving.stop(grace_s=0.5)
+
+
+@pytest.fixture
+def stub(tracker: ServingTracker) -> Iterator[Any]:
+    with grpc.insecure_channel(tracker.address) as channel:
+        yield tracker_pb2_grpc.TrackerStub(channel)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def register(stub: Any, agent_id: str = "agent-1", n: int = 1, key: str = "x86") -> None:
+    devices = [common_pb2.DeviceSpec(key=key, tags={"arch": "x86_64"}) for _ in range(n)]
+    request = tracker_pb2.RegisterRequest(
+        agent_id=agent_id, agent_address="127.0.0.1:7000", devices=devices
+    )
+    response = stub.Register(request, timeout=RPC_TIMEOUT_S)
+    assert response.heartbeat_interval_s == 5.0
+
+
+def acquire(stub: Any, timeout_s: float = 0.0, **fields: Any) -> Any:
+    request = tracker_pb2.AcquireRequest(timeout_s=timeout_s, **fields)
+    return stub.Acquire(request, timeout=RPC_TIMEOUT_S)
+
+
+def test_register_acquire_release_round_trip(stub: Any) -> None:
+    register(stub)
+    assert stub.Heartbeat(tracker_pb2.HeartbeatRequest(agent_id="agent-1"), timeout=5).known
+    response = acquire(stub, key="x86", tag_selector={"arch": "x86_64"}, user="alice")
+    assert response.status == common_pb2.OK, response.reason
+    lease = response.lease
+    assert (lease.device.device_id, lease.device.agent_address, lease.user) == (
+        "agent-1/0",
+        "127.0.0.1:7000",
+        "alice",
+    )
+    assert len(lease.lease_id) == 32 and lease.token
+    assert lease.expires_at_unix > time.time()
+    [status] = stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices
+    assert (status.state, status.lease_holder) == (tracker_pb2.LEASED, "alice")
+    renew = stub.Renew(tracker_pb2.RenewRequest(lease_id=lease.lease_id), timeout=5)
+    assert renew.status == common_pb2.OK and renew.lease.token == lease.token
+    release = tracker_pb2.ReleaseRequest(lease_id=lease.lease_id)
+    assert stub.Release(release, timeout=5).released is True
+    again = stub.Release(release, timeout=5)
+    assert (again.released, again.reason) == (False, "lease released")
+    renew = stub.Renew(tracker_pb2.RenewRequest(lease_id=lease.lease_id), timeout=5)
+    assert (renew.status, renew.reason) == (common_pb2.DEVICE_LOST, "lease released")
+    [status] = stub.ListDevices(tracker_pb2.ListDevicesRequest(key="x86"), timeout=5).devices
+    assert status.state == tracker_pb2.FREE
+
+
+def test_unknown_agent_heartbeat_is_not_known(stub: Any) -> None:
+    assert not stub.Heartbeat(tracker_pb2.HeartbeatRequest(agent_id="ghost"), timeout=5).known
+
+
+def test_busy_device_gives_no_device_within_the_deadline(stub: Any) -> None:
+    register(stub)
+    assert acquire(stub, key="x86").status == common_pb2.OK
+    response = acquire(stub, timeout_s=0.2, key="x86")
+    assert (response.status, response.reason) == (
+        common_pb2.NO_DEVICE,
+        "all 1 matching devices busy",
+    )
+    response = acquire(stub, key="arm")
+    assert response.reason == "no registered device matches key='arm' tags={}"
+
+
+def test_waiting_acquire_is_granted_on_release(stub: Any, tracker: ServingTracker) -> None:
+    register(stub)
+    held = acquire(stub, key="x86").lease
+    future = stub.Acquire.future(
+        tracker_pb2.AcquireRequest(key="x86", timeout_s=RPC_TIMEOUT_S, user="bob"),
+        timeout=RPC_TIMEOUT_S,
+    )
+    wait_until(
+        lambda: (
+            stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices[0].queue_depth
+            == 1
+        )
+    )
+    stub.Release(tracker_pb2.ReleaseRequest(lease_id=held.lease_id), timeout=5)
+    response = future.result(timeout=RPC_TIMEOUT_S)
+    assert response.status == common_pb2.OK
+    assert (response.lease.user, response.lease.device.device_id) == ("bob", "agent-1/0")
+    assert tracker.pool.waiting == 0
+
+
+def test_client_deadline_bounds_the_wait(stub: Any, tracker: ServingTracker) -> None:
+    register(stub)
+    acquire(stub, key="x86")
+    request = tracker_pb2.AcquireRequest(key="x86", timeout_s=60)
+    response = stub.Acquire(request, timeout=1.0)
+    assert (response.status, response.reason) == (
+        common_pb2.NO_DEVICE,
+        "all 1 matching devices busy",
+    )
+    assert tracker.pool.waiting == 0
+
+
+def test_cancelled_client_leaves_the_queue(stub: Any, tracker: ServingTracker) -> None:
+    register(stub)
+    acquire(stub, key="x86")
+    future = stub.Acquire.future(
+        tracker_pb2.AcquireRequest(key="x86", timeout_s=60), timeout=RPC_TIMEOUT_S
+    )
+    wait_until(lambda: tracker.pool.waiting == 1)
+    future.cancel()
+    wait_until(lambda: tracker.pool.waiting == 0)
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "field"),
+    [
+        ({"agent_id": "", "devices": [{"key": "x86"}]}, "agent_id"),
+        ({"agent_id": "a", "devices": [{"key": "x86"}, {"key": ""}]}, "devices[1].key"),
+        (
+            {"agent_id": "a", "devices": [{"device_id": "d", "key": "k"}] * 2},
+            "devices[1].device_id",
+        ),
+    ],
+)
+def test_invalid_register_is_invalid_argument(
+    stub: Any, request_fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Register(tracker_pb2.RegisterRequest(**request_fields), timeout=5)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in error.value.details()
+    assert stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices == []
+
+
+def test_unexpected_error_is_internal_and_server_keeps_serving(
+    stub: Any, tracker: ServingTracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(key: str = "") -> list[Any]:
+        raise RuntimeError("store exploded")
+
+    monkeypatch.setattr(tracker.pool, "list_devices", broken)
+    with pytest.raises(grpc.RpcError) as error:
+        stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5)
+    assert error.value.code() == grpc.StatusCode.INTERNAL
+    assert "store exploded" in error.value.details()
+    monkeypatch.undo()
+    register(stub)
+    assert len(stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices) == 1
+
+
+def test_reaper_marks_silent_agent_lost_and_renew_reports_it() -> None:
+    config = TrackerConfig(heartbeat_interval_s=0.1, reap_interval_s=0.05)
+    serving = create_server("127.0.0.1:0", config)
+    try:
+        with grpc.insecure_channel(serving.address) as channel:
+            stub = tracker_pb2_grpc.TrackerStub(channel)
+            device = common_pb2.DeviceSpec(key="x86")
+            stub.Register(tracker_pb2.RegisterRequest(agent_id="a", devices=[device]), timeout=5)
+            lease = acquire(stub, key="x86").lease
+            # The agent never heartbeats, so the reaper thread must expire it on its own.
+            wait_until(
+                lambda: (
+                    stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices[0].state
+                    == tracker_pb2.LOST
+                )
+            )
+            renew = stub.Renew(tracker_pb2.RenewRequest(lease_id=lease.lease_id), timeout=5)
+            assert (renew.status, renew.reason) == (
+                common_pb2.DEVICE_LOST,
+                "device lost: agent stopped heartbeating",
+            )
+            heartbeat = stub.Heartbeat(tracker_pb2.HeartbeatRequest(agent_id="a"), timeout=5)
+            assert heartbeat.known is False
+    finally:
+        serving.stop(grace_s=0.5)
+    assert not serving.reaper.running
+
+
+def test_second_tracker_on_a_taken_port_fails(tracker: ServingTracker) -> None:
+    with pytest.raises(OSError, match=str(tracker.port)):
+        create_server(tracker.address)

@@ -1,0 +1,298 @@
+"""DevicePool: validation, waiting, priority order, reasons, expiry; fake clock, no sockets."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tracker import pool as pool_module
+from tracker.config import TrackerConfig
+from tracker.errors import InvalidArgument, LeaseLost
+from tracker.model import AcquireResult, DeviceSpec, DeviceState, Lease, LeaseRequest
+from tracker.pool import DevicePool
+from tracker.store.memory import MemoryStore
+
+CONFIG = TrackerConfig(heartbeat_interval_s=2.0, default_lease_ttl_s=30.0, max_lease_ttl_s=60.0)
+WAIT_S = 5.0  # bound on every wait in these tests; none should come near it
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def pool(clock: FakeClock) -> Iterator[DevicePool]:
+    pool = DevicePool(MemoryStore(), CONFIG, clock=clock)
+    yield pool
+    pool.close()
+
+
+def wait_until(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def wait_for_waiters(pool: DevicePool, count: int) -> None:
+    wait_until(lambda: pool.waiting == count)
+
+
+def register(pool: DevicePool, agent_id: str, *specs: DeviceSpec) -> None:
+    pool.register(agent_id, f"{agent_id}.local:9000", specs)
+
+
+def take(pool: DevicePool, **request: Any) -> Lease:
+    result = pool.acquire(LeaseRequest(**request))
+    assert result.lease is not None, result.reason
+    return result.lease
+
+
+def start_acquire(
+    pool: DevicePool, results: list[tuple[str, AcquireResult]], name: str, **request: Any
+) -> threading.Thread:
+    """Acquire in a thread; on a grant, record the name and release at once."""
+
+    def run() -> None:
+        result = pool.acquire(LeaseRequest(timeout_s=WAIT_S, **request))
+        results.append((name, result))
+        if result.lease is not None:
+            pool.release(result.lease.lease_id)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_acquire_by_key_and_tags(pool: DevicePool) -> None:
+    register(
+        pool,
+        "a",
+        DeviceSpec("", "arm", {"board": "rk3399"}),
+        DeviceSpec("", "arm", {"board": "rpi4"}),
+        DeviceSpec("", "x86"),
+    )
+    lease = take(pool, key="arm", tag_selector={"board": "rpi4"}, user="bob")
+    assert (lease.device.device_id, lease.device.agent_address, lease.user) == (
+        "a/1",
+        "a.local:9000",
+        "bob",
+    )
+    assert take(pool, key="x86").device.device_id == "a/2"
+    assert take(pool).device.device_id == "a/0"
+
+
+def test_no_match_and_all_busy_have_distinct_reasons(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "arm", {"board": "rk3399"}), DeviceSpec("", "arm"))
+    result = pool.acquire(LeaseRequest(key="arm", tag_selector={"board": "rpi4"}))
+    assert result.lease is None
+    assert result.reason == "no registered device matches key='arm' tags={'board': 'rpi4'}"
+    take(pool, key="arm")
+    take(pool, key="arm")
+    result = pool.acquire(LeaseRequest(key="arm", timeout_s=0.05))
+    assert (result.lease, result.reason) == (None, "all 2 matching devices busy")
+    assert pool.waiting == 0
+
+
+def test_lost_devices_reason(pool: DevicePool, clock: FakeClock) -> None:
+    register(pool, "a", DeviceSpec("", "arm"))
+    clock.advance(CONFIG.agent_timeout_s + 1)
+    pool.reap()
+    result = pool.acquire(LeaseRequest(key="arm"))
+    assert result.reason == "no live device matches key='arm' tags={}: all 1 matching devices lost"
+
+
+def test_priority_then_fifo(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    held = take(pool, key="k")
+    results: list[tuple[str, AcquireResult]] = []
+    threads = []
+    for name, priority in [("low", 0), ("high-1", 5), ("high-2", 5), ("mid", 1)]:
+        threads.append(start_acquire(pool, results, name, key="k", priority=priority))
+        wait_for_waiters(pool, len(threads))
+    pool.release(held.lease_id)
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert [name for name, _ in results] == ["high-1", "high-2", "mid", "low"]
+    assert all(result.lease is not None for _, result in results)
+
+
+def test_new_request_does_not_jump_the_queue(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    held = take(pool, key="k")
+    results: list[tuple[str, AcquireResult]] = []
+    waiter = start_acquire(pool, results, "waiter", key="k")
+    wait_until(lambda: pool.waiting == 1)
+    pool.release(held.lease_id)
+    waiter.join(WAIT_S)
+    assert [name for name, _ in results] == ["waiter"]
+
+
+def test_waiter_is_granted_a_device_freed_by_lease_expiry(
+    pool: DevicePool, clock: FakeClock
+) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    take(pool, key="k", lease_ttl_s=10)
+    results: list[tuple[str, AcquireResult]] = []
+    waiter = start_acquire(pool, results, "waiter", key="k")
+    wait_until(lambda: pool.waiting == 1)
+    for _ in range(3):  # 11 s: past the lease TTL, with the agent heartbeating throughout
+        clock.advance(11 / 3)
+        pool.heartbeat("a")
+    assert pool.reap().ended_leases != ()
+    waiter.join(WAIT_S)
+    assert [(name, result.lease is not None) for name, result in results] == [("waiter", True)]
+
+
+def test_cancelled_request_leaves_the_queue(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    take(pool, key="k")
+    cancelled = threading.Event()
+    results: list[AcquireResult] = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            pool.acquire(LeaseRequest(key="k", timeout_s=60), cancelled=cancelled)
+        )
+    )
+    thread.start()
+    wait_until(lambda: pool.waiting == 1)
+    cancelled.set()
+    pool.wake()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert results[0].lease is None and results[0].reason == pool_module.REASON_CANCELLED
+    assert pool.waiting == 0
+
+
+def test_client_deadline_bounds_the_wait(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    take(pool, key="k")
+    result = pool.acquire(LeaseRequest(key="k", timeout_s=60), client_time_remaining_s=0.0)
+    assert result.reason == "all 1 matching devices busy"
+
+
+def test_close_answers_waiters(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    take(pool, key="k")
+    results: list[AcquireResult] = []
+    thread = threading.Thread(
+        target=lambda: results.append(pool.acquire(LeaseRequest(key="k", timeout_s=60)))
+    )
+    thread.start()
+    wait_until(lambda: pool.waiting == 1)
+    pool.close()
+    thread.join(WAIT_S)
+    assert results[0].reason == pool_module.REASON_SHUTTING_DOWN
+
+
+def test_lease_expiry_frees_the_device(pool: DevicePool, clock: FakeClock) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    lease = take(pool, key="k")
+    assert lease.expires_at_unix == clock.now + CONFIG.default_lease_ttl_s
+    clock.advance(CONFIG.heartbeat_interval_s)
+    pool.heartbeat("a")
+    assert pool.reap().ended_leases == ()
+    renewed = pool.renew(lease.lease_id, 25)
+    assert renewed.expires_at_unix == clock.now + 25
+    for _ in range(13):  # keep the agent alive while the lease lapses
+        clock.advance(CONFIG.heartbeat_interval_s)
+        pool.heartbeat("a")
+    assert pool.reap().ended_leases == (lease.lease_id,)
+    assert [status.state for status in pool.list_devices()] == [DeviceState.FREE]
+    with pytest.raises(LeaseLost, match="lease expired"):
+        pool.renew(lease.lease_id)
+
+
+def test_silent_agent_makes_devices_lost_and_renew_says_why(
+    pool: DevicePool, clock: FakeClock
+) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    lease = take(pool, key="k", user="carol")
+    [status] = pool.list_devices()
+    assert (status.state, status.lease_holder) == (DeviceState.LEASED, "carol")
+    clock.advance(CONFIG.agent_timeout_s + 0.5)
+    assert pool.reap().expired_agents == ("a",)
+    [status] = pool.list_devices()
+    assert status.state is DeviceState.LOST
+    assert status.heartbeat_age_s == pytest.approx(CONFIG.agent_timeout_s + 0.5)
+    with pytest.raises(LeaseLost, match="device lost: agent stopped heartbeating"):
+        pool.renew(lease.lease_id)
+    assert pool.heartbeat("a") is False
+    register(pool, "a", DeviceSpec("", "k"))
+    assert [status.state for status in pool.list_devices()] == [DeviceState.FREE]
+
+
+def test_release_twice_is_false_not_an_error(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    lease = take(pool)
+    assert pool.release(lease.lease_id).released is True
+    second = pool.release(lease.lease_id)
+    assert (second.released, second.reason) == (False, "lease released")
+    assert pool.release("unknown").reason == "unknown lease"
+
+
+def test_ttl_defaults_and_clamps(pool: DevicePool, clock: FakeClock) -> None:
+    register(pool, "a", DeviceSpec("", "k"), DeviceSpec("", "k"))
+    assert take(pool, lease_ttl_s=0).expires_at_unix == clock.now + CONFIG.default_lease_ttl_s
+    assert take(pool, lease_ttl_s=1e6).expires_at_unix == clock.now + CONFIG.max_lease_ttl_s
+
+
+def test_list_devices_reports_queue_depth(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"), DeviceSpec("", "other"))
+    take(pool, key="k")
+    cancelled = threading.Event()
+    waiter = threading.Thread(
+        target=lambda: pool.acquire(LeaseRequest(key="k", timeout_s=60), cancelled=cancelled)
+    )
+    waiter.start()
+    wait_until(lambda: pool.waiting == 1)
+    depths = {status.spec.device_id: status.queue_depth for status in pool.list_devices()}
+    assert depths == {"a/0": 1, "a/1": 0}
+    cancelled.set()
+    pool.wake()
+    waiter.join(WAIT_S)
+
+
+@pytest.mark.parametrize(
+    ("agent_id", "specs", "message"),
+    [
+        ("", [DeviceSpec("", "k")], "agent_id must not be empty"),
+        ("a", [DeviceSpec("", "k"), DeviceSpec("", "")], r"devices\[1\]\.key must not be empty"),
+        (
+            "a",
+            [DeviceSpec("d", "k"), DeviceSpec("d", "k")],
+            r"devices\[1\]\.device_id 'd' duplicates devices\[0\]",
+        ),
+    ],
+)
+def test_invalid_register(
+    pool: DevicePool, agent_id: str, specs: list[DeviceSpec], message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        pool.register(agent_id, "h:1", specs)
+    assert pool.list_devices() == []
+
+
+@pytest.mark.parametrize("field", ["timeout_s", "lease_ttl_s"])
+def test_invalid_acquire(pool: DevicePool, field: str) -> None:
+    fields: dict[str, Any] = {field: -1.0}
+    with pytest.raises(InvalidArgument, match=field):
+        pool.acquire(LeaseRequest(**fields))
+    with pytest.raises(InvalidArgument, match="lease_id"):
+        pool.renew("")

@@ -1,0 +1,48 @@
+"""Tracker configuration: one frozen record, units in the field names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+# gRPC's default receive limit. Tracker messages are small; the cap stops a bad client from making
+# the server buffer a huge Register.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerConfig:
+    """How the tracker times out agents and leases and how its server is sized."""
+
+    heartbeat_interval_s: float = 2.0
+    """Told to agents in RegisterResponse; they heartbeat this often."""
+    heartbeat_grace_periods: float = 2.0
+    """An agent silent for this many intervals is expired and its devices become LOST."""
+    default_lease_ttl_s: float = 30.0
+    """TTL of a lease when the client asks for 0."""
+    max_lease_ttl_s: float = 600.0
+    """Longer requested TTLs are clamped to this, so a dead client frees its device in time."""
+    max_acquire_wait_s: float = 3600.0
+    """Longer Acquire timeouts are clamped to this: no request waits forever."""
+    reap_interval_s: float = 0.5
+    """How often the reaper looks for silent agents and expired leases."""
+    max_workers: int = 64
+    """gRPC thread pool size; each waiting Acquire holds one thread."""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    store: str = "memory"
+    """Store implementation, found by module name under tracker/store/."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, int | float) and value <= 0:
+                raise ValueError(f"TrackerConfig.{field.name} must be > 0, got {value!r}")
+        if self.default_lease_ttl_s > self.max_lease_ttl_s:
+            raise ValueError(
+                f"TrackerConfig.default_lease_ttl_s ({self.default_lease_ttl_s}) must not exceed "
+                f"max_lease_ttl_s ({self.max_lease_ttl_s})"
+            )
+
+    @property
+    def agent_timeout_s(self) -> float:
+        """Seconds of heartbeat silence after which an agent is expired."""
+        return self.heartbeat_interval_s * self.heartbeat_grace_periods

@@ -1,0 +1,114 @@
+"""Plain records the tracker's core works with; no protobuf here (serde converts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+
+
+class DeviceState(enum.Enum):
+    """Where a device stands in the pool."""
+
+    FREE = "free"
+    LEASED = "leased"
+    LOST = "lost"  # its agent stopped heartbeating
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """A device as an agent registered it."""
+
+    device_id: str
+    key: str
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    agent_address: str = ""
+    backend: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """One Register call: an agent and all of its devices (validated by the pool)."""
+
+    agent_id: str
+    agent_address: str
+    devices: tuple[DeviceSpec, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseRequest:
+    """What a client asks Acquire for."""
+
+    key: str = ""
+    tag_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    priority: int = 0
+    user: str = ""
+    timeout_s: float = 0.0
+    lease_ttl_s: float = 0.0
+
+    def matches(self, spec: DeviceSpec) -> bool:
+        """True when the device has this key ("" = any) and every selected tag."""
+        if self.key and spec.key != self.key:
+            return False
+        return all(spec.tags.get(name) == value for name, value in self.tag_selector.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A granted, time-limited right to use one device."""
+
+    lease_id: str
+    device: DeviceSpec
+    expires_at_unix: float
+    token: str
+    user: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRecord:
+    """A store's view of one device: its spec, state, holder and last heartbeat."""
+
+    spec: DeviceSpec
+    state: DeviceState
+    lease_holder: str
+    last_heartbeat_unix: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceStatus:
+    """What ListDevices reports for one device."""
+
+    spec: DeviceSpec
+    state: DeviceState
+    lease_holder: str
+    heartbeat_age_s: float
+    queue_depth: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpiryReport:
+    """What one expiry sweep ended."""
+
+    expired_agents: tuple[str, ...] = ()
+    lost_devices: tuple[str, ...] = ()
+    ended_leases: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.expired_agents or self.ended_leases)
+
+
+@dataclasses.dataclass(frozen=True)
+class AcquireResult:
+    """A lease, or None and the reason there was no device."""
+
+    lease: Lease | None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseResult:
+    """Whether Release ended an active lease, and why not."""
+
+    released: bool
+    reason: str = ""
