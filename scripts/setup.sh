@@ -26,8 +26,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.kiln-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: installing kiln[dev] into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip </dev/null
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' </dev/null
+  echo "setup: installing kiln[dev] into .venv (log: .venv/setup.log)"
+  if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
+         .venv/bin/python -m pip install --disable-pip-version-check -e '.[dev]'; } \
+       </dev/null >.venv/setup.log 2>&1; then
+    tail -n 40 .venv/setup.log >&2
+    echo "setup: pip install failed; full log in .venv/setup.log" >&2
+    exit 1
+  fi
   touch "$stamp"
 fi

@@ -1,0 +1,80 @@
+"""The architecture's import rules: each room imports only the rooms it may, and the agent stays light."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = ("protos", "tracker", "device_agent", "compiler", "tuner", "deploy")
+
+# Which of our packages each package may import (itself always allowed).
+ALLOWED_OURS: dict[str, set[str]] = {
+    "protos": set(),
+    "tracker": {"protos"},
+    "device_agent": {"protos"},
+    "compiler": set(),
+    "tuner": {"compiler", "protos"},
+    "deploy": {"protos"},
+}
+
+# Third-party modules a package may import; None means anything. The agent runs on small boards.
+ALLOWED_THIRD_PARTY: dict[str, set[str] | None] = {
+    "protos": {"grpc", "google", "grpc_tools"},  # grpc_tools: only protos/generate.py, a dev tool
+    "tracker": {"grpc", "google", "redis"},
+    "device_agent": {"grpc", "google", "numpy"},
+    "compiler": {"numpy"},
+    "tuner": None,
+    "deploy": None,
+}
+
+
+def imported_roots(path: Path, package: str) -> set[str]:
+    """Top-level module names a file imports, relative imports resolved to its own package."""
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            roots.add(package if node.level else (node.module or "").split(".")[0])
+    return roots
+
+
+def find_violations(root: Path) -> list[str]:
+    """Every import that breaks the rules under root, as 'file: imports X' lines."""
+    found: list[str] = []
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for package in OURS:
+        for path in sorted((root / package).rglob("*.py")):
+            for name in sorted(imported_roots(path, package)):
+                rel = path.relative_to(root)
+                if name == package:
+                    continue
+                if name in OURS:
+                    if name not in ALLOWED_OURS[package]:
+                        found.append(f"{rel}: imports {name}")
+                    continue
+                allowed = ALLOWED_THIRD_PARTY[package]
+                if allowed is not None and name not in stdlib and name not in allowed:
+                    found.append(f"{rel}: imports third-party {name}")
+    return sorted(found)
+
+
+def test_repository_follows_import_rules() -> None:
+    assert find_violations(ROOT) == []
+
+
+def test_checker_catches_forbidden_imports(tmp_path: Path) -> None:
+    for package in OURS:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "tracker" / "bad.py").write_text("from compiler import build\n")
+    (tmp_path / "compiler" / "bad.py").write_text("import tuner.cli\n")
+    (tmp_path / "device_agent" / "heavy.py").write_text("import xgboost\nfrom . import serde\n")
+    (tmp_path / "tuner" / "ok.py").write_text("import compiler\nfrom protos import common_pb2\n")
+    assert find_violations(tmp_path) == [
+        "compiler/bad.py: imports tuner",
+        "device_agent/heavy.py: imports third-party xgboost",
+        "tracker/bad.py: imports compiler",
+    ]

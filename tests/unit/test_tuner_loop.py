@@ -1,0 +1,86 @@
+"""The tuning loop with a fake builder and the fake runner: no sockets, no compiler."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from compiler.artifact import Artifact, Entry
+from tuner import records as rec
+from tuner.builder import BuildResult
+from tuner.measure import Status
+from tuner.runner.fake import FakeRunner
+from tuner.search import RandomSearch
+from tuner.task import Task
+from tuner.tune import TuningError, tune
+
+WL = rec.Workload("matmul", (64, 64, 64))
+
+
+class FakeBuilder:
+    """Artifacts whose bytes name their config index; indices in `broken` fail to build."""
+
+    target = "fake-target"
+
+    def __init__(self, broken: Sequence[int] = ()) -> None:
+        self.broken = set(broken)
+
+    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+        out = []
+        for i in indices:
+            if i in self.broken:
+                out.append(BuildResult(i, None, "BuildError: gcc said no"))
+                continue
+            data = str(i).encode()
+            entry = Entry(symbol=f"k{i}", timing_symbol=f"k{i}__time", args=(), flop=1.0)
+            art = Artifact(
+                data, hashlib.sha256(data).hexdigest(), "shared_object", self.target, (entry,)
+            )
+            out.append(BuildResult(i, art))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def seconds_by_index(art: Artifact) -> float:
+    return 1.0 / (1 + int(art.data))  # higher index = faster
+
+
+def test_random_search_never_repeats_and_exhausts_the_space() -> None:
+    s = RandomSearch(50, seed=3)
+    seen: list[int] = []
+    while batch := s.ask(7):
+        seen += batch
+    assert sorted(seen) == list(range(50))
+
+
+def test_loop_records_every_candidate_and_finds_the_fastest(tmp_path: Path) -> None:
+    task = Task(WL)
+    size = len(task.space)
+    path = tmp_path / "r.jsonl"
+    runner = FakeRunner(seconds_by_index)
+    progress = tune(
+        task, FakeBuilder(broken=[0]), runner, n_trials=size, batch_size=5, records_path=path
+    )
+    assert progress.trials == size
+    assert progress.best is not None and progress.best.config_index == size - 1
+    loaded = list(rec.load(path))
+    assert sorted(r.config_index for r in loaded) == list(range(size))
+    assert [r.result.status for r in loaded if r.config_index == 0] == [Status.BUILD_ERROR]
+    assert all(r.target == "fake-target" for r in loaded)
+    assert len(runner.measured) == size - 1  # the broken config never reached the runner
+
+
+def test_a_space_where_nothing_builds_ends_with_a_clear_error() -> None:
+    task = Task(WL)
+    with pytest.raises(TuningError, match="BUILD_ERROR: BuildError: gcc said no"):
+        tune(
+            task,
+            FakeBuilder(broken=range(len(task.space))),
+            FakeRunner(seconds_by_index),
+            n_trials=10,
+        )

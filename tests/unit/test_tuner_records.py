@@ -1,0 +1,72 @@
+"""Records: round trip, corrupt and future lines skipped with a warning naming the line, best by target."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from tuner import records as rec
+from tuner.measure import MeasureResult, Status
+
+WL = rec.Workload("matmul", (64, 64, 64))
+
+
+def make(
+    index: int, seconds: float | None, target: str = "x86_64-avx512", wl: rec.Workload = WL
+) -> rec.Record:
+    if seconds is None:
+        result = MeasureResult.failed(Status.CRASH, "executor killed by SIGSEGV", "a/0")
+    else:
+        result = MeasureResult(Status.OK, (seconds, seconds * 1.1), device_id="a/0", number_used=4)
+    return rec.Record(
+        WL if wl is None else wl, target, index, {"tile_m": index}, result, 2 * 64**3, rec.now_iso()
+    )
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    written = [make(1, 1e-3), make(2, None)]
+    rec.append(path, written)
+    assert list(rec.load(path)) == written
+
+
+def test_corrupt_and_future_lines_are_skipped_with_the_line_number(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "r.jsonl"
+    rec.append(path, [make(1, 1e-3)])
+    with open(path, "a") as f:
+        f.write('{"v": 1, "workload": {"op": "matmul"\n')  # torn write
+        f.write(json.dumps({**make(3, 1e-3).to_json(), "v": 99}) + "\n")
+        f.write(
+            json.dumps({**make(4, 2e-3).to_json(), "result": {"status": "NOT_A_STATUS"}}) + "\n"
+        )
+    rec.append(path, [make(5, 2e-3)])
+    with caplog.at_level(logging.WARNING, logger="tuner.records"):
+        loaded = list(rec.load(path))
+    assert [r.config_index for r in loaded] == [1, 5]
+    messages = "\n".join(caplog.messages)
+    assert f"{path}:2:" in messages and f"{path}:3: skipped: schema version 99" in messages
+    assert f"{path}:4:" in messages
+
+
+def test_best_ignores_failures_other_targets_and_other_workloads() -> None:
+    other_wl = rec.Workload("matmul", (32, 32, 32))
+    records = [
+        make(1, 3e-3),
+        make(2, None),
+        make(3, 1e-3, target="aarch64-neon"),  # fastest, but another target
+        make(4, 0.5e-3, wl=other_wl),
+        make(5, 2e-3),
+    ]
+    best = rec.best(records, WL, "x86_64-avx512")
+    assert best is not None and best.config_index == 5
+    assert rec.best(records, WL, "riscv64") is None
+
+
+def test_gflops_is_zero_for_failed_candidates() -> None:
+    assert make(1, None).gflops == 0.0
+    assert make(1, 1e-3).gflops == pytest.approx(2 * 64**3 / 1e-3 / 1e9 / 1.0, rel=0.06)

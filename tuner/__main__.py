@@ -1,0 +1,6 @@
+"""`kiln`: the workstation CLI."""
+
+from tuner.cli import main
+
+if __name__ == "__main__":
+    main()

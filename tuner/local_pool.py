@@ -1,0 +1,165 @@
+"""An embedded pool on 127.0.0.1: a real `kiln-tracker` and real `kiln-agent` child processes.
+
+"Local" runs use the same tracker, agent and gRPC path as a remote pool; only the addresses differ.
+Each daemon binds port 0 and writes its address to a ready file, which is how we learn the port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from protos import tracker_pb2, tracker_pb2_grpc
+
+_LOG = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+class PoolStartError(RuntimeError):
+    """A daemon of the local pool did not come up; the message carries its output."""
+
+
+class LocalPool:
+    """Starts one tracker and `agents` agents with `devices_per_agent` devices each under `key`.
+
+    Use as a context manager; leaving it stops (by pid) every process it started.
+    """
+
+    def __init__(
+        self,
+        key: str = "local-cpu",
+        backend: str = "cpu",
+        agents: int = 1,
+        devices_per_agent: int = 1,
+        heartbeat_interval_s: float = 1.0,
+        extra_agent_args: Sequence[str] = (),
+    ) -> None:
+        self.key = key
+        self.backend = backend
+        self.n_agents = agents
+        self.devices_per_agent = devices_per_agent
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.extra_agent_args = tuple(extra_agent_args)
+        self.tracker_address = ""
+        self.agent_addresses: list[str] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="kiln-pool-")
+        self.workdir = Path(self._tmp.name)
+
+    def __enter__(self) -> LocalPool:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.tracker_address = self._spawn(
+            "tracker",
+            [
+                "-m",
+                "tracker",
+                "--listen",
+                "127.0.0.1:0",
+                "--heartbeat-interval-s",
+                str(self.heartbeat_interval_s),
+            ],
+        )
+        for i in range(self.n_agents):
+            address = self._spawn(
+                f"agent{i}",
+                [
+                    "-m",
+                    "device_agent",
+                    "--tracker",
+                    self.tracker_address,
+                    "--key",
+                    self.key,
+                    "--backend",
+                    self.backend,
+                    "--devices",
+                    str(self.devices_per_agent),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--cache-dir",
+                    str(self.workdir / f"cache{i}"),
+                    *self.extra_agent_args,
+                ],
+            )
+            self.agent_addresses.append(address)
+        self.wait_for_devices(self.n_agents * self.devices_per_agent)
+
+    def _spawn(self, name: str, args: list[str]) -> str:
+        ready = self.workdir / f"{name}.ready"
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(
+            [sys.executable, *args, "--ready-file", str(ready)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.procs.append(proc)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ready.exists():
+                return ready.read_text().strip()
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise PoolStartError(
+            f"{name} did not start (exit {proc.poll()}):\n{self.log(name)[-2000:]}"
+        )
+
+    def log(self, name: str) -> str:
+        """The output of one daemon so far ("tracker", "agent0", ...)."""
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_for_devices(self, n: int, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Block until the tracker lists at least n devices under our key."""
+        with grpc.insecure_channel(self.tracker_address) as channel:
+            stub = tracker_pb2_grpc.TrackerStub(channel)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                resp = stub.ListDevices(tracker_pb2.ListDevicesRequest(key=self.key), timeout=5)
+                if len(resp.devices) >= n:
+                    return
+                time.sleep(0.05)
+        raise PoolStartError(f"only {len(resp.devices)} of {n} devices registered in {timeout_s} s")
+
+    def stop(self) -> None:
+        """SIGTERM every process we started (agents first), then SIGKILL what outlives the grace."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _LOG.warning("pid %d ignored SIGTERM; killing it", proc.pid)
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        self._tmp.cleanup()

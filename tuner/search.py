@@ -1,0 +1,54 @@
+"""Search strategies in ask/tell form: the tuning loop asks for configs and tells back results.
+
+Random search is the skeleton's strategy and the baseline every smarter one is compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from tuner.measure import MeasureResult
+
+
+class Searcher(Protocol):
+    """Proposes config indices of one space and learns from their results."""
+
+    def ask(self, n: int) -> list[int]:
+        """Up to n config indices not proposed before; fewer (or none) when the space runs out."""
+        ...
+
+    def tell(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        """Results of previously asked indices, in the same order."""
+        ...
+
+
+class RandomSearch:
+    """Uniform sampling without repeats over a space of `space_size` configs."""
+
+    def __init__(self, space_size: int, seed: int = 0) -> None:
+        if space_size <= 0:
+            raise ValueError(f"space_size must be positive, got {space_size}")
+        self._size = space_size
+        self._rng = np.random.default_rng(seed)
+        self._seen: set[int] = set()
+
+    def ask(self, n: int) -> list[int]:
+        out: list[int] = []
+        left = self._size - len(self._seen)
+        while len(out) < min(n, left):
+            # Rejection sampling is cheap while the space is much larger than what we measured.
+            idx = int(self._rng.integers(self._size))
+            if idx not in self._seen:
+                self._seen.add(idx)
+                out.append(idx)
+        return out
+
+    def tell(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        self._seen.update(indices)
+
+    def exclude(self, indices: Sequence[int]) -> None:
+        """Never propose these (already measured in an earlier run being resumed)."""
+        self._seen.update(indices)

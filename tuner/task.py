@@ -1,0 +1,33 @@
+"""A tuning task: one workload of one op template, its config space and its FLOP count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from compiler import ops
+from compiler.ops.base import Template
+from compiler.ops.space import ConfigSpace
+from tuner.records import Workload
+
+
+@dataclass(frozen=True)
+class Task:
+    workload: Workload
+
+    @cached_property
+    def template(self) -> Template:
+        return ops.get_template(self.workload.op)
+
+    @cached_property
+    def space(self) -> ConfigSpace:
+        return self.template.config_space(self.workload.shape)
+
+    @property
+    def flop(self) -> float:
+        return float(self.template.flop(self.workload.shape))
+
+    def knobs(self, index: int) -> dict[str, Any]:
+        """The knob values of config `index`, as plain JSON-able values."""
+        return dict(self.space.get(index).items())
