@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from compiler import build as compiler_build
-from compiler import ops
 from compiler.artifact import Artifact
 from tuner.records import Workload
+from tuner.task import Task
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,10 @@ class BuildResult:
 def build_one(workload: Workload, index: int, target: str) -> BuildResult:
     """Instantiate the template with config `index`, lower, generate C and compile it."""
     try:
-        template = ops.get_template(workload.op)
-        config = template.config_space(workload.shape).get(index)
-        sch, args = template.instantiate(workload.shape, config)
+        task = Task(workload)
+        sch, args = task.template.instantiate(workload.shape, task.space.get(index))
         symbol = f"kiln_{workload.op}_{'x'.join(map(str, workload.shape))}_c{index}"
-        art = compiler_build.build(
-            sch, args, symbol=symbol, target=target, flop=template.flop(workload.shape)
-        )
+        art = compiler_build.build(sch, args, symbol=symbol, target=target, flop=task.flop)
     except Exception as exc:  # any failure of one candidate is that candidate's result
         return BuildResult(index, None, f"{type(exc).__name__}: {exc}")
     return BuildResult(index, art)

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--shape", type=_shape, required=True, help="e.g. 512,512,512 (M,N,K for matmul)"
     )
-    _add_tuning_args(t)
+    _add_tuning_args(t, remote=True)
 
     d = sub.add_parser("devices", help="list the devices of a tracker")
     d.add_argument("--tracker", required=True, help="HOST:PORT")
@@ -85,15 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="start a local pool, tune a matmul, print a table")
     demo.add_argument("--shape", type=_shape, default=(512, 512, 512))
-    demo.add_argument("--trials", type=int, default=32)
-    demo.add_argument("--records", type=Path, default=None)
+    _add_tuning_args(demo, remote=False)
+    demo.set_defaults(trials=32)
     return parser
 
 
-def _add_tuning_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tracker", default="", help="HOST:PORT; omitted: start a local pool")
-    p.add_argument("--key", default="", help="device key to lease (required with --tracker)")
-    p.add_argument("--tag", action="append", default=[], help="k=v a device must carry")
+def _add_tuning_args(p: argparse.ArgumentParser, remote: bool) -> None:
+    if remote:
+        p.add_argument("--tracker", default="", help="HOST:PORT; omitted: start a local pool")
+        p.add_argument("--key", default="", help="device key to lease (required with --tracker)")
+        p.add_argument("--tag", action="append", default=[], help="k=v a device must carry")
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
@@ -142,11 +143,11 @@ def _print_progress(total: int, started: float) -> Callable[[TuneProgress], None
     return show
 
 
-def _run_tuning(args: argparse.Namespace, task: Task, tracker: str, key: str) -> TuneProgress:
+def _run_tuning(args: argparse.Namespace, task: Task, pool: PoolConfig) -> TuneProgress:
     evaluator = EvaluatorConfig(
         repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout_s
     )
-    runner = PoolRunner(PoolConfig(tracker=tracker, key=key, tags=_tags(args.tag)), evaluator)
+    runner = PoolRunner(pool, evaluator)
     builder = LocalBuilder(workers=args.build_workers)
     try:
         return tune(
@@ -167,6 +168,7 @@ def _run_tuning(args: argparse.Namespace, task: Task, tracker: str, key: str) ->
 def cmd_tune_op(args: argparse.Namespace) -> int:
     task = _checked_task(Workload(args.op, args.shape))
     with ExitStack() as stack:
+        tags = _tags(args.tag)
         if args.tracker:
             if not args.key:
                 raise UsageError("--key is required with --tracker")
@@ -177,7 +179,7 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
             print(
                 f"local pool: tracker {tracker}, agent {pool.agent_addresses[0]}", file=sys.stderr
             )
-        progress = _run_tuning(args, task, tracker, key)
+        progress = _run_tuning(args, task, PoolConfig(tracker=tracker, key=key, tags=tags))
     best = progress.best
     assert best is not None  # tune() raises otherwise
     print(
@@ -230,10 +232,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"Kiln demo: tuning matmul {m}x{n}x{k} float32 for {args.trials} trials on a local pool",
         file=sys.stderr,
     )
-    tune_args = build_parser().parse_args(
-        ["tune-op", "matmul", "--shape", f"{m},{n},{k}", "--trials", str(args.trials)]
-    )
-    tune_args.records = args.records
     with LocalPool() as pool:
         print(
             f"  tracker pid {pool.procs[0].pid} at {pool.tracker_address}, "
@@ -241,12 +239,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         started = time.monotonic()
-        progress = _run_tuning(tune_args, task, pool.tracker_address, pool.key)
+        progress = _run_tuning(args, task, PoolConfig(tracker=pool.tracker_address, key=pool.key))
         wall_s = time.monotonic() - started
     best = progress.best
     assert best is not None
     np_s = statistics.median(peer.numpy_matmul_seconds(m, n, k, threads=1))
-    np_gflops = 2.0 * m * n * k / np_s / 1e9
+    np_gflops = task.flop / np_s / 1e9
     print()
     print(
         _table(

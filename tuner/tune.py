@@ -21,10 +21,16 @@ _LOG = logging.getLogger(__name__)
 class TuneProgress:
     """What the loop has done so far; handed to the progress callback after every batch."""
 
-    trials: int = 0
-    errors: int = 0
-    best: rec.Record | None = None
     history: list[rec.Record] = field(default_factory=list)
+    best: rec.Record | None = None
+
+    @property
+    def trials(self) -> int:
+        return len(self.history)
+
+    @property
+    def errors(self) -> int:
+        return sum(not r.result.ok for r in self.history)
 
     @property
     def best_gflops(self) -> float:
@@ -73,8 +79,6 @@ def tune(
         if records_path is not None:
             rec.append(records_path, batch)
         searcher.tell(indices, results)
-        progress.trials += len(batch)
-        progress.errors += sum(not r.result.ok for r in batch)
         progress.history.extend(batch)
         for r in batch:
             if r.result.ok and (
