@@ -6,9 +6,13 @@ cd "$(dirname "$0")/.."
 
 # System packages (Debian). Each entry is "command-that-proves-it-is-there:package".
 need=()
-for pair in redis-server:redis-server gcc:gcc; do
+# aarch64-linux-gnu-gcc + qemu-aarch64: cross builds and the agent's qemu backend; clang: the
+# second host toolchain; openssl: test certificates for TLS.
+for pair in redis-server:redis-server gcc:gcc aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
+            /usr/aarch64-linux-gnu/include/stdio.h:libc6-dev-arm64-cross \
+            qemu-aarch64:qemu-user clang:clang openssl:openssl; do
   cmd=${pair%%:*} pkg=${pair#*:}
-  command -v "$cmd" >/dev/null 2>&1 || need+=("$pkg")
+  command -v "$cmd" >/dev/null 2>&1 || [ -e "$cmd" ] || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi

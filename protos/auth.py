@@ -1,0 +1,222 @@
+"""How a pool's members prove who they are on the wire: role tokens, the lease key, and TLS.
+
+**Pool secrets file** (`--token-file`), one `name = value` per line, `#` comments:
+
+    agent = <token>       # kiln-agent -> tracker (Register, Heartbeat)
+    client = <token>      # kiln -> tracker (Acquire, Renew, Release, ListDevices) and -> agents
+    admin = <token>       # everything a client and an agent may do, and admin RPCs
+    lease_key = <hex>     # HMAC key for lease fencing tokens (protos.fencing)
+
+Each process reads the entries it needs: a tracker needs all four, an agent needs `agent`,
+`client` (to check uploads) and `lease_key`, a workstation needs `client`. `write_secrets` makes a
+new file with random values and mode 0600.
+
+**Calls** carry `authorization: Bearer <token>` metadata. A server answers UNAUTHENTICATED when the
+token is missing or unknown and PERMISSION_DENIED when its role may not make that call.
+
+**TLS**: servers take a certificate and key (and a client CA for mutual TLS); clients take the CA
+that signed the server's certificate (and their own certificate and key for mutual TLS).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+METADATA_KEY = "authorization"
+_BEARER = "Bearer "
+
+
+class Role(enum.StrEnum):
+    """Who a token belongs to."""
+
+    AGENT = "agent"
+    CLIENT = "client"
+    ADMIN = "admin"
+
+
+class SecretsError(ValueError):
+    """A pool secrets file is missing, unreadable or malformed; the message names file and line."""
+
+
+@dataclass(frozen=True)
+class PoolSecrets:
+    """The contents of a pool secrets file."""
+
+    tokens: Mapping[Role, str] = field(default_factory=dict)
+    lease_key: bytes | None = None
+
+    def role_of(self, token: str) -> Role | None:
+        """The role whose token this is, or None (constant time per comparison)."""
+        found = None
+        for role, expected in self.tokens.items():
+            if secrets.compare_digest(expected.encode(), token.encode()):
+                found = role
+        return found
+
+    def token(self, role: Role) -> str:
+        """The token of `role`.
+
+        Raises:
+            SecretsError: the file has no entry for it.
+        """
+        try:
+            return self.tokens[role]
+        except KeyError:
+            raise SecretsError(f"pool secrets have no '{role.value}' token") from None
+
+    def require_lease_key(self) -> bytes:
+        """The lease key.
+
+        Raises:
+            SecretsError: the file has no lease_key.
+        """
+        if self.lease_key is None:
+            raise SecretsError("pool secrets have no 'lease_key'")
+        return self.lease_key
+
+
+def parse_secrets(text: str, source: str = "<secrets>") -> PoolSecrets:
+    """Parse the secrets file format above.
+
+    Raises:
+        SecretsError: naming `source` and the line.
+    """
+    tokens: dict[Role, str] = {}
+    lease_key: bytes | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, value = (part.strip() for part in line.partition("="))
+        where = f"{source}:{number}"
+        if not sep or not value:
+            raise SecretsError(f"{where}: want 'name = value', got {raw.strip()!r}")
+        if name == "lease_key":
+            try:
+                lease_key = bytes.fromhex(value)
+            except ValueError:
+                raise SecretsError(f"{where}: lease_key must be hex") from None
+            if len(lease_key) < 16:
+                raise SecretsError(f"{where}: lease_key must be at least 16 bytes (32 hex digits)")
+            continue
+        try:
+            role = Role(name)
+        except ValueError:
+            known = ", ".join([r.value for r in Role] + ["lease_key"])
+            raise SecretsError(f"{where}: unknown entry {name!r} (known: {known})") from None
+        if len(value) < 16:
+            raise SecretsError(f"{where}: the {name} token must be at least 16 characters")
+        tokens[role] = value
+    return PoolSecrets(tokens, lease_key)
+
+
+def load_secrets(path: str | os.PathLike[str]) -> PoolSecrets:
+    """Read and parse a pool secrets file.
+
+    Raises:
+        SecretsError: the file cannot be read or is malformed.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise SecretsError(f"cannot read pool secrets {path}: {error.strerror}") from None
+    return parse_secrets(text, str(path))
+
+
+def write_secrets(path: str | os.PathLike[str]) -> PoolSecrets:
+    """Create a new secrets file with random tokens and lease key, mode 0600; refuse to overwrite.
+
+    Raises:
+        SecretsError: the file exists or cannot be written.
+    """
+    body = "".join(f"{role.value} = {secrets.token_urlsafe(32)}\n" for role in Role)
+    body += f"lease_key = {secrets.token_hex(32)}\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as error:
+        raise SecretsError(f"cannot create pool secrets {path}: {error.strerror}") from None
+    with os.fdopen(fd, "w") as handle:
+        handle.write("# Kiln pool secrets: keep private; share agent/client/lease_key as needed\n")
+        handle.write(body)
+    return parse_secrets(body, str(path))
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata to send with a call made with `token` (empty without one)."""
+    return ((METADATA_KEY, _BEARER + token),) if token else ()
+
+
+def token_from_metadata(metadata: object) -> str | None:
+    """The bearer token in a call's invocation metadata, or None."""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == METADATA_KEY and isinstance(value, str) and value.startswith(_BEARER):
+            return value[len(_BEARER) :]
+    return None
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for one end of a TLS connection; all None means plaintext."""
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None  # server: client CA (mutual TLS); client: CA of the server's cert
+
+    @property
+    def enabled(self) -> bool:
+        """True when any file is set."""
+        return any((self.cert, self.key, self.ca))
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise SecretsError(f"cannot read TLS {what} {path}: {error.strerror}") from None
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """Server TLS credentials; with `tls.ca`, clients must present a certificate it signed.
+
+    Raises:
+        SecretsError: cert or key missing or unreadable.
+    """
+    if not (tls.cert and tls.key):
+        raise SecretsError("a TLS server needs both --tls-cert and --tls-key")
+    pair = [(_read(tls.key, "key"), _read(tls.cert, "certificate"))]
+    if tls.ca:
+        return grpc.ssl_server_credentials(
+            pair, root_certificates=_read(tls.ca, "client CA"), require_client_auth=True
+        )
+    return grpc.ssl_server_credentials(pair)
+
+
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """Client TLS credentials: trust `tls.ca` (system roots when None), present cert+key if set.
+
+    Raises:
+        SecretsError: a file is unreadable, or only one of cert/key is set.
+    """
+    if bool(tls.cert) != bool(tls.key):
+        raise SecretsError("a TLS client certificate needs both --tls-cert and --tls-key")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca, "CA") if tls.ca else None,
+        private_key=_read(tls.key, "key") if tls.key else None,
+        certificate_chain=_read(tls.cert, "certificate") if tls.cert else None,
+    )
+
+
+def open_channel(
+    address: str, tls: TlsFiles | None = None, options: list[tuple[str, object]] | None = None
+) -> grpc.Channel:
+    """A channel to `address`: TLS when `tls` is enabled, plaintext otherwise."""
+    if tls is not None and tls.enabled:
+        return grpc.secure_channel(address, channel_credentials(tls), options=options)
+    return grpc.insecure_channel(address, options=options)
