@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages (Debian). Each entry is "command-that-proves-it-is-there:package".
+# System packages (Debian). Each entry is "command-or-file-that-proves-it-is-there:package".
 need=()
 # aarch64-linux-gnu-gcc + qemu-aarch64: cross builds and the agent's qemu backend; clang: the
 # second host toolchain; openssl: test certificates for TLS.
