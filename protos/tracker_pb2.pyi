@@ -48,7 +48,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("key", "tag_selector", "priority", "user", "timeout_s", "lease_ttl_s")
+    __slots__ = ("key", "tag_selector", "priority", "user", "timeout_s", "lease_ttl_s", "request_id")
     class TagSelectorEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,27 +62,31 @@ class AcquireRequest(_message.Message):
     USER_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     key: str
     tag_selector: _containers.ScalarMap[str, str]
     priority: int
     user: str
     timeout_s: float
     lease_ttl_s: float
-    def __init__(self, key: _Optional[str] = ..., tag_selector: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., user: _Optional[str] = ..., timeout_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+    request_id: str
+    def __init__(self, key: _Optional[str] = ..., tag_selector: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ..., user: _Optional[str] = ..., timeout_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "device", "expires_at_unix", "token", "user")
+    __slots__ = ("lease_id", "device", "expires_at_unix", "token", "user", "fence")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     device: _common_pb2.DeviceSpec
     expires_at_unix: float
     token: str
     user: str
-    def __init__(self, lease_id: _Optional[str] = ..., device: _Optional[_Union[_common_pb2.DeviceSpec, _Mapping]] = ..., expires_at_unix: _Optional[float] = ..., token: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
+    fence: int
+    def __init__(self, lease_id: _Optional[str] = ..., device: _Optional[_Union[_common_pb2.DeviceSpec, _Mapping]] = ..., expires_at_unix: _Optional[float] = ..., token: _Optional[str] = ..., user: _Optional[str] = ..., fence: _Optional[int] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("status", "lease", "reason")

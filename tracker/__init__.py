@@ -9,6 +9,6 @@ Layers, outermost first (each imports only the ones below it):
     pool       DevicePool: validation, Acquire wait queue, dispatch, reasons
     reaper     background thread that expires agents and leases
     waitqueue  pending Acquire requests, priority then FIFO
-    store/     TrackerStore contract (base) and implementations (memory)
+    store/     TrackerStore contract (base) and implementations (memory, redis + its Lua scripts)
     model, config, errors, tokens   plain records shared by all of the above
 """

@@ -29,7 +29,12 @@ class TrackerConfig:
     """gRPC thread pool size; each waiting Acquire holds one thread."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     store: str = "memory"
-    """Store implementation, found by module name under tracker/store/."""
+    """Store: "memory", "redis://host:port/db[?prefix=P]" or "redis+unix:///path[?db=N&prefix=P]"."""
+    lost_device_retention_s: float = 3600.0
+    """A device LOST (agent silent) for longer than this is forgotten by the expiry sweep."""
+    queued_request_ttl_s: float = 5.0
+    """A queued Acquire in the store lives this long unless its tracker refreshes it (every reap),
+    so the entries of a dead tracker stop blocking the queue unless a client re-attaches."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -40,6 +45,11 @@ class TrackerConfig:
             raise ValueError(
                 f"TrackerConfig.default_lease_ttl_s ({self.default_lease_ttl_s}) must not exceed "
                 f"max_lease_ttl_s ({self.max_lease_ttl_s})"
+            )
+        if self.queued_request_ttl_s <= self.reap_interval_s:
+            raise ValueError(
+                f"TrackerConfig.queued_request_ttl_s ({self.queued_request_ttl_s}) must exceed "
+                f"reap_interval_s ({self.reap_interval_s}), which refreshes queued requests"
             )
 
     @property

@@ -3,7 +3,8 @@
 TrackerError
 ├── InvalidArgument   a request field is malformed         -> grpc INVALID_ARGUMENT
 ├── LeaseLost         a lease is not (or no longer) active -> Status DEVICE_LOST / released=false
-└── UnknownStore      --store names no implementation      -> CLI usage error
+├── UnknownStore      --store names no implementation      -> CLI usage error
+└── StoreUnavailable  the store cannot be reached (redis down) -> grpc UNAVAILABLE with the reason
 """
 
 from __future__ import annotations
@@ -27,3 +28,7 @@ class LeaseLost(TrackerError):
 
 class UnknownStore(TrackerError):
     """No store implementation has the requested name."""
+
+
+class StoreUnavailable(TrackerError):
+    """The store cannot be reached right now; the message says why. Clients retry."""

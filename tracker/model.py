@@ -45,6 +45,8 @@ class LeaseRequest:
     user: str = ""
     timeout_s: float = 0.0
     lease_ttl_s: float = 0.0
+    request_id: str = ""
+    """Client-chosen id; an Acquire with the id of a still-queued request takes over its place."""
 
     def matches(self, spec: DeviceSpec) -> bool:
         """True when the device has this key ("" = any) and every selected tag."""
@@ -62,6 +64,8 @@ class Lease:
     expires_at_unix: float
     token: str
     user: str
+    fence: int = 0
+    """Strictly increasing per device across grants; kept by Renew (see protos.fencing)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +96,29 @@ class ExpiryReport:
     expired_agents: tuple[str, ...] = ()
     lost_devices: tuple[str, ...] = ()
     ended_leases: tuple[str, ...] = ()
+    pruned_devices: tuple[str, ...] = ()
+    """Devices LOST for longer than the retention, forgotten by this sweep."""
+    dropped_requests: tuple[str, ...] = ()
+    """Queued requests whose tracker stopped refreshing them (it died and no one re-attached)."""
 
     @property
     def changed(self) -> bool:
-        return bool(self.expired_agents or self.ended_leases)
+        """True when the sweep may have made a device grantable to some waiter."""
+        return bool(self.expired_agents or self.ended_leases or self.dropped_requests)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueTicket:
+    """A queued Acquire's place in the pool-wide queue: higher priority first, then lower seq."""
+
+    request_id: str
+    priority: int
+    seq: int
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Sort key: the smaller, the earlier the request is served."""
+        return (-self.priority, self.seq)
 
 
 @dataclasses.dataclass(frozen=True)

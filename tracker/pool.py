@@ -1,12 +1,22 @@
 """DevicePool: the tracker's core. Registers agents, queues Acquire requests, grants leases.
 
-State lives in a TrackerStore; what the pool adds is the wait queue and the clock. Whenever a
-device may have become free (register, release, failed renew, expiry sweep) the pool dispatches:
-it offers free devices to waiters in queue order and wakes them through one condition variable.
+State lives in a TrackerStore, the pool-wide queue of waiting requests included; what the pool
+adds is the threads that wait and the clock. Whenever a device may have become free (register,
+release, failed renew, expiry sweep, a change another replica announced through `store.watch`)
+the pool dispatches: it offers free devices to its waiters in queue order and wakes them through
+one condition variable. The store makes every grant respect the whole queue, so a waiter on one
+replica never overtakes an earlier one on another.
+
+Queued requests survive a restart: a waiting request is in the store with its ticket (priority and
+place), refreshed on every reap while its call is alive. An Acquire that carries the request_id of
+a still-queued request (the client retrying after the tracker went away) takes over that place.
+Entries nobody refreshes expire after config.queued_request_ttl_s, so a dead tracker's waiters do
+not block the queue for long.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from tracker import validation
 from tracker.config import TrackerConfig
-from tracker.errors import InvalidArgument, LeaseLost
+from tracker.errors import InvalidArgument, LeaseLost, StoreUnavailable
 from tracker.model import (
     AcquireResult,
     DeviceSpec,
@@ -27,8 +37,8 @@ from tracker.model import (
     ReleaseResult,
 )
 from tracker.store.base import TrackerStore
-from tracker.tokens import TokenIssuer, random_token
-from tracker.waitqueue import WaitQueue
+from tracker.tokens import TokenIssuer, ephemeral_issuer
+from tracker.waitqueue import Waiter, WaitQueue
 
 _LOG = logging.getLogger(__name__)
 
@@ -38,9 +48,13 @@ _CANCEL_POLL_S = 0.25
 
 REASON_SHUTTING_DOWN = "tracker shutting down"
 REASON_CANCELLED = "request cancelled: client went away"
+REASON_SUPERSEDED = "superseded by a newer Acquire with the same request_id"
+
+# A uuid is 32-36 characters; the cap keeps a client from parking large keys in the store.
+MAX_REQUEST_ID_CHARS = 128
 
 
-def _new_lease_id() -> str:
+def _new_id() -> str:
     return uuid.uuid4().hex
 
 
@@ -52,29 +66,33 @@ class DevicePool:
         store: TrackerStore,
         config: TrackerConfig,
         clock: Callable[[], float] = time.time,
-        issue_token: TokenIssuer = random_token,
-        new_lease_id: Callable[[], str] = _new_lease_id,
+        issue_token: TokenIssuer | None = None,
+        new_lease_id: Callable[[], str] = _new_id,
     ) -> None:
         """Create a pool over `store`.
 
         Args:
             clock: seconds since the epoch; lease expiry and heartbeat age use it. Acquire waits
                 use time.monotonic, since a condition variable waits in real time anyway.
+            issue_token: signs lease tokens; pass `tokens.hmac_issuer(lease_key)` for a pool
+                whose agents verify them. None = `tokens.ephemeral_issuer()` (nobody can verify).
         """
         self.config = config
         self._store = store
         self._clock = clock
-        self._issue_token = issue_token
+        self._issue_token = issue_token or ephemeral_issuer()
         self._new_lease_id = new_lease_id
         self._cond = threading.Condition()
         self._queue = WaitQueue()
         self._closed = False
+        store.watch(self._on_store_change)
 
     def register(self, agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]) -> float:
         """Replace the agent's devices; returns the heartbeat interval the agent must keep.
 
         Raises:
             InvalidArgument: see validation.registration.
+            StoreUnavailable: the store cannot be reached.
         """
         registration = validation.registration(agent_id, agent_address, devices)
         ended = self._store.register(registration, self._clock())
@@ -103,39 +121,67 @@ class DevicePool:
     ) -> AcquireResult:
         """Wait for a matching device, queued behind higher-priority and earlier requests.
 
+        A request with a request_id that is still queued (this or an earlier tracker process
+        queued it) takes over that place; a local call still waiting with that id is answered
+        NO_DEVICE with REASON_SUPERSEDED. A call cut short by close() leaves its entry queued,
+        so the client can re-attach to a restarted tracker.
+
         Args:
             cancelled: set when the client goes away; the request then leaves the queue.
             client_time_remaining_s: the RPC deadline, if the client set one; the wait never
                 outlasts it, nor request.timeout_s, nor config.max_acquire_wait_s.
+
+        Raises:
+            InvalidArgument: a malformed request.
+            StoreUnavailable: the store cannot be reached.
         """
         validation.lease_request(request)
+        if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidArgument(
+                f"request_id must be at most {MAX_REQUEST_ID_CHARS} characters, "
+                f"got {len(request.request_id)}"
+            )
         wait_s = min(request.timeout_s, self.config.max_acquire_wait_s)
         if client_time_remaining_s is not None:
             wait_s = min(wait_s, max(client_time_remaining_s, 0.0))
         deadline = time.monotonic() + wait_s
+        if self._closed:
+            return AcquireResult(None, REASON_SHUTTING_DOWN)
+        if not request.request_id or wait_s <= 0:
+            # A new arrival: one atomic grant that respects everything queued, no queue entry.
+            lease = self._grant(request)
+            if lease is not None:
+                return self._granted(lease)
+            if wait_s <= 0:
+                return AcquireResult(None, self._no_device(request))
+        if not request.request_id:
+            request = dataclasses.replace(request, request_id=_new_id())
+        waiter = self._enqueue(request)
+        if waiter is None:
+            return AcquireResult(None, REASON_SHUTTING_DOWN)
         with self._cond:
-            if self._closed:
-                return AcquireResult(None, REASON_SHUTTING_DOWN)
-            waiter = self._queue.push(request)
-            self._dispatch_locked()
-            while waiter.lease is None and not self._closed:
+            while waiter.lease is None and not self._closed and not waiter.superseded:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (cancelled is not None and cancelled.is_set()):
                     break
                 self._cond.wait(min(remaining, _CANCEL_POLL_S))
             self._queue.remove(waiter)
-            lease, closed = waiter.lease, self._closed
+            lease, closed, superseded = waiter.lease, self._closed, waiter.superseded
+        if lease is None and not closed and not superseded:
+            self._store.dequeue(request.request_id)
+            self._announce_queue_change()
         if cancelled is not None and cancelled.is_set():
             if lease is not None:
                 self.release(lease.lease_id)
             return AcquireResult(None, REASON_CANCELLED)
         if lease is not None:
-            _LOG.info("lease %s on %s to %r", lease.lease_id, lease.device.device_id, lease.user)
-            return AcquireResult(lease)
+            return self._granted(lease)
+        if superseded:
+            return AcquireResult(None, REASON_SUPERSEDED)
         return AcquireResult(None, REASON_SHUTTING_DOWN if closed else self._no_device(request))
 
     def renew(self, lease_id: str, lease_ttl_s: float = 0.0) -> Lease:
-        """Extend a lease by `lease_ttl_s` (0 = default) from now.
+        """Extend a lease by `lease_ttl_s` (0 = default) from now, with a fresh token.
 
         Raises:
             LeaseLost: the lease is unknown or ended; its message is the reason.
@@ -143,7 +189,9 @@ class DevicePool:
         validation.lease_id(lease_id)
         validation.non_negative_seconds("lease_ttl_s", lease_ttl_s)
         try:
-            return self._store.renew(lease_id, self._clock(), self._ttl(lease_ttl_s))
+            return self._store.renew(
+                lease_id, self._clock(), self._ttl(lease_ttl_s), self._issue_token
+            )
         except LeaseLost:
             self._dispatch()  # the renew may have ended an expired lease and freed its device
             raise
@@ -156,39 +204,50 @@ class DevicePool:
         except LeaseLost as lost:
             self._dispatch()
             return ReleaseResult(False, lost.reason)
-        _LOG.info("lease %s on %s released", lease_id, lease.device.device_id)
+        _LOG.debug("lease %s on %s released", lease_id, lease.device.device_id)
         self._dispatch()
         return ReleaseResult(True)
 
     def list_devices(self, key: str = "") -> list[DeviceStatus]:
-        """Every device with `key` ("" = all) with its state and the requests it could serve."""
+        """Every device with `key` ("" = all) with its state and the queued requests (of every
+        replica) it could serve."""
         now = self._clock()
         records = self._store.devices(key)
-        with self._cond:
-            depths = [self._queue.depth_for(record.spec) for record in records]
+        queued = [request for _, request in self._store.queued(now)] if records else []
         return [
             DeviceStatus(
                 record.spec,
                 record.state,
                 record.lease_holder,
                 max(now - record.last_heartbeat_unix, 0.0),
-                depth,
+                sum(1 for request in queued if request.matches(record.spec)),
             )
-            for record, depth in zip(records, depths, strict=True)
+            for record in records
         ]
 
     def reap(self) -> ExpiryReport:
-        """Expire silent agents and lapsed leases, then offer freed devices to waiters."""
-        report = self._store.expire(self._clock(), self.config.agent_timeout_s)
+        """Expire silent agents, lapsed leases, long-lost devices and abandoned queue entries;
+        refresh this process's queue entries; then offer free devices to waiters."""
+        now = self._clock()
+        with self._cond:  # refresh first, so the sweep never drops a live waiter's entry
+            entries = [(waiter.ticket, waiter.request) for waiter in self._queue]
+            if entries:
+                self._store.keep_queued(entries, now, self.config.queued_request_ttl_s)
+        report = self._store.expire(
+            now, self.config.agent_timeout_s, self.config.lost_device_retention_s
+        )
         for agent_id in report.expired_agents:
             _LOG.warning("agent %s stopped heartbeating; its devices are LOST", agent_id)
-        if report.changed:
+        if report.pruned_devices:
+            _LOG.info("forgot devices lost for too long: %s", ", ".join(report.pruned_devices))
+        if report.changed or entries:
+            # With waiters, dispatch on every sweep: the bounded poll behind store.watch.
             self._dispatch()
         return report
 
     @property
     def waiting(self) -> int:
-        """Number of Acquire requests in the queue."""
+        """Number of Acquire requests waiting in this process."""
         with self._cond:
             return len(self._queue)
 
@@ -198,7 +257,8 @@ class DevicePool:
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Refuse new Acquires and answer waiting ones with NO_DEVICE; the store stays open."""
+        """Refuse new Acquires and answer waiting ones with NO_DEVICE; the store stays open and
+        keeps their queue entries until they expire, for clients to re-attach elsewhere."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -208,26 +268,69 @@ class DevicePool:
             return self.config.default_lease_ttl_s
         return min(requested_s, self.config.max_lease_ttl_s)
 
+    def _grant(self, request: LeaseRequest, waiter: Waiter | None = None) -> Lease | None:
+        return self._store.grant(
+            request,
+            self._new_lease_id(),
+            self._clock(),
+            self._ttl(request.lease_ttl_s),
+            self._issue_token,
+            waiter.ticket if waiter is not None else None,
+        )
+
+    def _granted(self, lease: Lease) -> AcquireResult:
+        _LOG.debug("lease %s on %s to %r", lease.lease_id, lease.device.device_id, lease.user)
+        return AcquireResult(lease)
+
+    def _enqueue(self, request: LeaseRequest) -> Waiter | None:
+        """Put `request` in the store's queue and wait there locally; None once closed."""
+        ticket = self._store.enqueue(request, self._clock(), self.config.queued_request_ttl_s)
+        with self._cond:
+            if self._closed:
+                return None
+            previous = self._queue.find(ticket.request_id)
+            if previous is not None:
+                previous.superseded = True
+                self._queue.remove(previous)
+            waiter = self._queue.push(request, ticket)
+            self._dispatch_locked()
+            return waiter
+
+    def _on_store_change(self) -> None:
+        with self._cond:
+            if len(self._queue) and not self._closed:
+                self._dispatch_locked()
+
+    def _announce_queue_change(self) -> None:
+        """A request left the queue: waiters it blocked (here) may now be served."""
+        self._dispatch()
+
     def _dispatch(self) -> None:
         with self._cond:
             self._dispatch_locked()
 
     def _dispatch_locked(self) -> None:
+        if not len(self._queue):
+            return
         granted = False
-        now = self._clock()
-        for waiter in self._queue:
-            request = waiter.request
-            lease = self._store.grant(
-                request,
-                self._new_lease_id(),
-                now,
-                self._ttl(request.lease_ttl_s),
-                self._issue_token,
-            )
-            if lease is not None:
+        failed: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        try:
+            for waiter in self._queue:
+                request = waiter.request
+                # A request like one that just failed, and later in the queue, fails too.
+                shape = (request.key, tuple(sorted(request.tag_selector.items())))
+                if shape in failed:
+                    continue
+                lease = self._grant(request, waiter)
+                if lease is None:
+                    failed.add(shape)
+                    continue
                 waiter.lease = lease
                 self._queue.remove(waiter)
                 granted = True
+        except StoreUnavailable as error:
+            # The next reap dispatches again; the caller's own transition already happened.
+            _LOG.warning("dispatch stopped: %s", error)
         if granted:
             self._cond.notify_all()
 
@@ -240,3 +343,10 @@ class DevicePool:
         if matching:
             return f"no live device matches {wanted}: all {len(matching)} matching devices lost"
         return f"no registered device matches {wanted}"
+
+    def queue_depths(self) -> dict[str, int]:
+        """Queued Acquire requests of every replica per requested key ("" = any key / tags only)."""
+        depths: dict[str, int] = {}
+        for _, request in self._store.queued(self._clock()):
+            depths[request.key] = depths.get(request.key, 0) + 1
+        return depths

@@ -58,6 +58,7 @@ def lease_request_from_proto(message: tracker_pb2.AcquireRequest) -> LeaseReques
         user=message.user,
         timeout_s=message.timeout_s,
         lease_ttl_s=message.lease_ttl_s,
+        request_id=message.request_id,
     )
 
 
@@ -68,6 +69,7 @@ def lease_to_proto(lease: Lease) -> tracker_pb2.Lease:
         expires_at_unix=lease.expires_at_unix,
         token=lease.token,
         user=lease.user,
+        fence=lease.fence,
     )
 
 

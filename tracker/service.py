@@ -2,6 +2,8 @@
 
 InvalidArgument    -> INVALID_ARGUMENT with the message naming the field
 LeaseLost          -> Renew: status DEVICE_LOST with the reason (a result, not an RPC error)
+StoreUnavailable   -> UNAVAILABLE with the reason; clients retry (Acquire with the same request)
+shutting down      -> Acquire: UNAVAILABLE "tracker shutting down", so the client retries
 anything else      -> INTERNAL, logged with its traceback; the server keeps serving
 """
 
@@ -10,15 +12,16 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
 from protos import tracker_pb2_grpc
 from tracker import serde
-from tracker.errors import InvalidArgument, LeaseLost
-from tracker.pool import DevicePool
+from tracker.errors import InvalidArgument, LeaseLost, StoreUnavailable
+from tracker.pool import REASON_SHUTTING_DOWN, DevicePool
 
 _LOG = logging.getLogger(__name__)
 
@@ -27,6 +30,16 @@ _LOG = logging.getLogger(__name__)
 _REPLY_MARGIN_S = 0.1
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+class _ShuttingDown(Exception):
+    """This tracker is stopping; the call is answered UNAVAILABLE so the client retries."""
+
+
+class AcquireObserver(Protocol):
+    """Told how long each Acquire waited and whether it got a lease (tracker.metrics)."""
+
+    def observe_acquire(self, wait_s: float, granted: bool) -> None: ...
 
 
 def _guarded(method: _Method) -> _Method:
@@ -40,6 +53,11 @@ def _guarded(method: _Method) -> _Method:
         except InvalidArgument as error:
             _LOG.info("%s rejected: %s", name, error)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except StoreUnavailable as error:
+            _LOG.warning("%s unavailable: %s", name, error)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"tracker store unavailable: {error}")
+        except _ShuttingDown as error:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         except Exception as error:
             _LOG.exception("%s failed", name)
             context.abort(
@@ -52,8 +70,9 @@ def _guarded(method: _Method) -> _Method:
 class TrackerService(tracker_pb2_grpc.TrackerServicer):
     """Serves the Tracker RPCs of protos/tracker.proto from one DevicePool."""
 
-    def __init__(self, pool: DevicePool) -> None:
+    def __init__(self, pool: DevicePool, observer: AcquireObserver | None = None) -> None:
         self._pool = pool
+        self._observer = observer
 
     @_guarded
     def Register(self, request: Any, context: Any) -> Any:
@@ -75,11 +94,18 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
 
         if not context.add_callback(on_rpc_done):
             cancelled.set()  # the RPC already ended
+        started = time.monotonic()
         result = self._pool.acquire(
             serde.lease_request_from_proto(request),
             cancelled=cancelled,
-            client_time_remaining_s=context.time_remaining() - _REPLY_MARGIN_S,
+            client_time_remaining_s=_time_remaining(context),
         )
+        if self._observer is not None:
+            self._observer.observe_acquire(time.monotonic() - started, result.lease is not None)
+        if result.lease is None and result.reason == REASON_SHUTTING_DOWN:
+            # Not "no device": this tracker is going away. UNAVAILABLE tells the client to retry
+            # (with the same request_id, which keeps its place in a durable store's queue).
+            raise _ShuttingDown(REASON_SHUTTING_DOWN)
         return serde.acquire_response(result)
 
     @_guarded
@@ -97,3 +123,11 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
     @_guarded
     def ListDevices(self, request: Any, context: Any) -> Any:
         return serde.list_devices_response(self._pool.list_devices(request.key))
+
+
+def _time_remaining(context: Any) -> float | None:
+    """Seconds left before the client's deadline, less the reply margin; None without one."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return float(remaining) - _REPLY_MARGIN_S

@@ -12,10 +12,8 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-import grpc
-
-from protos import tracker_pb2, tracker_pb2_grpc
-from tuner import peer
+from protos.auth import SecretsError, TlsFiles
+from tuner import devices_view, peer, table
 from tuner.builder import LocalBuilder
 from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig
@@ -23,6 +21,7 @@ from tuner.records import Workload
 from tuner.runner.pool import PoolConfig, PoolRunner
 from tuner.search import RandomSearch
 from tuner.task import Task
+from tuner.tracker_client import read_client_token
 from tuner.tune import TuneProgress, TuningError, tune
 
 _LOG = logging.getLogger(__name__)
@@ -78,10 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_tuning_args(t, remote=True)
 
-    d = sub.add_parser("devices", help="list the devices of a tracker")
+    d = sub.add_parser("devices", help="list the devices of a tracker (live with --watch)")
     d.add_argument("--tracker", required=True, help="HOST:PORT")
-    d.add_argument("--key", default="")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--key", default="", help="only devices with this key")
+    d.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    d.add_argument(
+        "--watch",
+        type=_positive_seconds,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )
+    d.add_argument(
+        "--count", type=int, default=0, help="with --watch: stop after this many refreshes"
+    )
+    _add_security_args(d)
 
     demo = sub.add_parser("demo", help="start a local pool, tune a matmul, print a table")
     demo.add_argument("--shape", type=_shape, default=(512, 512, 512))
@@ -90,11 +102,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"want a positive number of seconds, got {text!r}")
+    return value
+
+
+def _add_security_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token-file", help="pool secrets file; its client token goes with every call")
+    p.add_argument("--tls-ca", help="PEM CA that signed the tracker's and agents' certificates")
+    p.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
+    p.add_argument("--tls-key", help="PEM key of --tls-cert")
+
+
+def _credentials(args: argparse.Namespace) -> tuple[str | None, TlsFiles | None]:
+    """(client token, TLS files) from the security flags; a bad file is a UsageError."""
+    token = None
+    if args.token_file:
+        try:
+            token = read_client_token(args.token_file)
+        except SecretsError as exc:
+            raise UsageError(str(exc)) from None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("a TLS client certificate needs both --tls-cert and --tls-key")
+    for flag, path in (
+        ("--tls-ca", args.tls_ca),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if path and not Path(path).is_file():
+            raise UsageError(f"{flag} {path}: no such file")
+    tls = TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    return token, (tls if tls.enabled else None)
+
+
 def _add_tuning_args(p: argparse.ArgumentParser, remote: bool) -> None:
     if remote:
         p.add_argument("--tracker", default="", help="HOST:PORT; omitted: start a local pool")
         p.add_argument("--key", default="", help="device key to lease (required with --tracker)")
         p.add_argument("--tag", action="append", default=[], help="k=v a device must carry")
+    _add_security_args(p)
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
@@ -167,6 +218,7 @@ def _run_tuning(args: argparse.Namespace, task: Task, pool: PoolConfig) -> TuneP
 
 def cmd_tune_op(args: argparse.Namespace) -> int:
     task = _checked_task(Workload(args.op, args.shape))
+    token, tls = _credentials(args)
     with ExitStack() as stack:
         tags = _tags(args.tag)
         if args.tracker:
@@ -175,11 +227,13 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
             tracker, key = args.tracker, args.key
         else:
             pool = stack.enter_context(LocalPool())
-            tracker, key = pool.tracker_address, pool.key
+            tracker, key, token = pool.tracker_address, pool.key, pool.client_token
             print(
                 f"local pool: tracker {tracker}, agent {pool.agent_addresses[0]}", file=sys.stderr
             )
-        progress = _run_tuning(args, task, PoolConfig(tracker=tracker, key=key, tags=tags))
+        progress = _run_tuning(
+            args, task, PoolConfig(tracker=tracker, key=key, tags=tags, token=token, tls=tls)
+        )
     best = progress.best
     assert best is not None  # tune() raises otherwise
     print(
@@ -191,38 +245,18 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.tracker) as channel:
-        try:
-            resp = tracker_pb2_grpc.TrackerStub(channel).ListDevices(
-                tracker_pb2.ListDevicesRequest(key=args.key), timeout=10
-            )
-        except grpc.RpcError as exc:
-            print(
-                f"kiln: tracker {args.tracker}: {exc.code().name}: {exc.details()}", file=sys.stderr
-            )
-            return 2
-    rows = [
-        {
-            "key": d.spec.key,
-            "device": d.spec.device_id,
-            "agent": d.spec.agent_address,
-            "state": tracker_pb2.DeviceState.Name(d.state),
-            "holder": d.lease_holder,
-            "heartbeat_age_s": round(d.heartbeat_age_s, 2),
-            "queue": d.queue_depth,
-        }
-        for d in resp.devices
-    ]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        print(
-            _table(
-                ["key", "device", "agent", "state", "holder", "heartbeat_age_s", "queue"],
-                [[str(r[c]) for c in r] for r in rows],
-            )
-        )
-    return 0
+    token, tls = _credentials(args)
+    if args.count < 0:
+        raise UsageError(f"--count must be >= 0, got {args.count}")
+    return devices_view.run(
+        args.tracker,
+        key=args.key,
+        as_json=args.json,
+        watch_s=args.watch,
+        count=args.count,
+        token=token,
+        tls=tls,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -239,7 +273,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         started = time.monotonic()
-        progress = _run_tuning(args, task, PoolConfig(tracker=pool.tracker_address, key=pool.key))
+        progress = _run_tuning(
+            args,
+            task,
+            PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token),
+        )
         wall_s = time.monotonic() - started
     best = progress.best
     assert best is not None
@@ -247,7 +285,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     np_gflops = task.flop / np_s / 1e9
     print()
     print(
-        _table(
+        table.render(
             [
                 "trials",
                 "errors",
@@ -272,15 +310,3 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     print(f"best config: {json.dumps(best.knobs)}")
     return 0
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])

@@ -2,6 +2,8 @@
 
 "Local" runs use the same tracker, agent and gRPC path as a remote pool; only the addresses differ.
 Each daemon binds port 0 and writes its address to a ready file, which is how we learn the port.
+The pool makes its own secrets file (protos.auth), so a local run goes through the same token
+checks and signed lease tokens as a remote one; `client_token` is what a client must send.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from types import TracebackType
 
 import grpc
 
-from protos import tracker_pb2, tracker_pb2_grpc
+from protos import auth, tracker_pb2, tracker_pb2_grpc
 
 _LOG = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class LocalPool:
         self.procs: list[subprocess.Popen[bytes]] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="kiln-pool-")
         self.workdir = Path(self._tmp.name)
+        self.secrets_path = self.workdir / "pool.secrets"
+        self.client_token = auth.write_secrets(self.secrets_path).token(auth.Role.CLIENT)
 
     def __enter__(self) -> LocalPool:
         try:
@@ -82,6 +86,8 @@ class LocalPool:
                 "127.0.0.1:0",
                 "--heartbeat-interval-s",
                 str(self.heartbeat_interval_s),
+                "--token-file",
+                str(self.secrets_path),
             ],
         )
         for i in range(self.n_agents):
@@ -102,6 +108,8 @@ class LocalPool:
                     "127.0.0.1:0",
                     "--cache-dir",
                     str(self.workdir / f"cache{i}"),
+                    "--token-file",
+                    str(self.secrets_path),
                     *self.extra_agent_args,
                 ],
             )
@@ -141,7 +149,11 @@ class LocalPool:
             stub = tracker_pb2_grpc.TrackerStub(channel)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
-                resp = stub.ListDevices(tracker_pb2.ListDevicesRequest(key=self.key), timeout=5)
+                resp = stub.ListDevices(
+                    tracker_pb2.ListDevicesRequest(key=self.key),
+                    timeout=5,
+                    metadata=auth.call_metadata(self.client_token),
+                )
                 if len(resp.devices) >= n:
                     return
                 time.sleep(0.05)

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from tls_certs import make_certs
 
+from protos import agent_pb2, agent_pb2_grpc, common_pb2
+from protos.auth import Role, TlsFiles, call_metadata, open_channel, write_secrets
+from tracker.model import DeviceSpec, LeaseRequest
+from tracker.server import create_server
 from tuner.builder import build_one
 from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig, Status
 from tuner.records import Workload
 from tuner.runner.pool import PoolConfig, PoolRunner
+from tuner.tracker_client import ACQUIRE_RETRY_CAP_S, TrackerClient
 
 FAST = EvaluatorConfig(repeat=2, min_repeat_ms=1.0, timeout_s=10.0)
 
@@ -27,7 +39,9 @@ def pool() -> Iterator[LocalPool]:
 def test_measures_a_compiled_matmul_and_uploads_it_once(pool: LocalPool) -> None:
     built = build_one(Workload("matmul", (48, 40, 24)), 0, "host")
     assert built.artifact is not None, built.error
-    runner = PoolRunner(PoolConfig(tracker=pool.tracker_address, key=pool.key), FAST)
+    runner = PoolRunner(
+        PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token), FAST
+    )
     try:
         first, second = runner.run([built.artifact, built.artifact])
     finally:
@@ -45,7 +59,13 @@ def test_unknown_key_gives_no_device_within_the_deadline(pool: LocalPool) -> Non
     built = build_one(Workload("matmul", (8, 8, 8)), 0, "host")
     assert built.artifact is not None
     runner = PoolRunner(
-        PoolConfig(tracker=pool.tracker_address, key="no-such-key", acquire_timeout_s=0.5), FAST
+        PoolConfig(
+            tracker=pool.tracker_address,
+            key="no-such-key",
+            token=pool.client_token,
+            acquire_timeout_s=0.5,
+        ),
+        FAST,
     )
     try:
         [result] = runner.run([built.artifact])
@@ -60,7 +80,10 @@ def test_a_killed_agent_yields_results_not_a_hang() -> None:
     assert built.artifact is not None
     with LocalPool(key="doomed", agents=1, heartbeat_interval_s=0.3) as p:
         runner = PoolRunner(
-            PoolConfig(tracker=p.tracker_address, key=p.key, acquire_timeout_s=2.0), FAST
+            PoolConfig(
+                tracker=p.tracker_address, key=p.key, token=p.client_token, acquire_timeout_s=2.0
+            ),
+            FAST,
         )
         try:
             [ok] = runner.run([built.artifact])
@@ -74,3 +97,209 @@ def test_a_killed_agent_yields_results_not_a_hang() -> None:
         assert time.monotonic() - started < 30
         assert results[0].status is Status.DEVICE_LOST
         assert results[1].status in (Status.NO_DEVICE, Status.DEVICE_LOST)
+
+
+# -- a secured pool: token auth and TLS on tracker and agent ------------------------------------
+
+
+def _spawn(workdir: Path, name: str, args: list[str], procs: list[subprocess.Popen[bytes]]) -> str:
+    """Start `python <args> --ready-file F` (appended to `procs`); the first line it writes."""
+    ready = workdir / f"{name}.ready"
+    with open(workdir / f"{name}.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, *args, "--ready-file", str(ready)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    procs.append(proc)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        output = (workdir / f"{name}.log").read_text(errors="replace")
+        assert proc.poll() is None, f"{name} exited {proc.returncode}:\n{output}"
+        assert time.monotonic() < deadline, f"{name} never became ready:\n{output}"
+        time.sleep(0.02)
+    return ready.read_text().splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def secured_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, str]]:
+    """(tracker address, certs dir, client token) of a TLS + token pool with one null device."""
+    workdir = tmp_path_factory.mktemp("secured")
+    certs = make_certs(workdir)
+    secrets_path = workdir / "pool.secrets"
+    secrets = write_secrets(secrets_path)
+    server_tls = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        tracker = _spawn(
+            workdir,
+            "tracker",
+            ["-m", "tracker", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path),
+             *server_tls],
+            procs,
+        )  # fmt: skip
+        _spawn(
+            workdir,
+            "agent",
+            ["-m", "device_agent", "--tracker", tracker, "--key", "secure", "--backend", "null",
+             "--listen", "127.0.0.1:0", "--token-file", str(secrets_path), *server_tls,
+             "--tracker-tls-ca", str(certs / "ca.pem"), "--lease-leeway-s", "0",
+             "--cache-dir", str(workdir / "cache")],
+            procs,
+        )  # fmt: skip
+        client = TrackerClient(
+            tracker, secrets.token(Role.CLIENT), TlsFiles(ca=str(certs / "ca.pem"))
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not client.list_devices("secure").devices:
+                assert time.monotonic() < deadline, "the agent never registered"
+                time.sleep(0.05)
+        finally:
+            client.close()
+        yield tracker, certs, secrets.token(Role.CLIENT)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_secured_pool_measures_and_each_renewal_brings_a_token_the_agent_accepts(
+    secured_pool: tuple[str, Path, str],
+) -> None:
+    tracker, certs, token = secured_pool
+    built = build_one(Workload("matmul", (8, 8, 8)), 0, "host")
+    assert built.artifact is not None, built.error
+    tls = TlsFiles(ca=str(certs / "ca.pem"))
+    ttl_s = 1.0
+    runner = PoolRunner(
+        PoolConfig(tracker=tracker, key="secure", token=token, tls=tls, lease_ttl_s=ttl_s), FAST
+    )
+    try:
+        results = []
+        started = time.monotonic()
+        # Runs spread over several TTLs: a runner that kept its first token would be refused
+        # once that token expired (the agent allows no clock leeway here).
+        for _ in range(40):
+            results.extend(runner.run([built.artifact]))
+            if time.monotonic() - started > 3 * ttl_s:
+                break
+            time.sleep(ttl_s / 4)
+    finally:
+        runner.close()
+    assert time.monotonic() - started > 3 * ttl_s, "the loop ended before the tokens would expire"
+    assert [r.status for r in results] == [Status.OK] * len(results), [r.error for r in results]
+    assert len({r.device_id for r in results}) == 1
+
+
+def test_secured_agent_refuses_an_expired_lease_token(secured_pool: tuple[str, Path, str]) -> None:
+    """The control for the test above: the agent does check expiry."""
+    tracker, certs, token = secured_pool
+    tls = TlsFiles(ca=str(certs / "ca.pem"))
+    client = TrackerClient(tracker, token, tls)
+    try:
+        lease = client.acquire("secure", {}, "tester", 0, 10.0, 0.3).lease
+        time.sleep(0.6)
+        with open_channel(lease.device.agent_address, tls) as channel:
+            reply = agent_pb2_grpc.AgentStub(channel).Measure(
+                agent_pb2.MeasureRequest(
+                    device_id=lease.device.device_id,
+                    lease_id=lease.lease_id,
+                    lease_token=lease.token,
+                    artifact_sha256="0" * 64,
+                    symbol="main",
+                ),
+                timeout=10,
+                metadata=call_metadata(token),
+            )
+    finally:
+        client.close()
+    assert reply.status == common_pb2.UNAUTHORIZED
+    assert "expired" in reply.error
+
+
+def test_secured_pool_without_token_or_tls_gets_clear_errors(
+    secured_pool: tuple[str, Path, str],
+) -> None:
+    tracker, certs, token = secured_pool
+    built = build_one(Workload("matmul", (8, 8, 8)), 0, "host")
+    assert built.artifact is not None
+    tls = TlsFiles(ca=str(certs / "ca.pem"))
+    for config, expected in (
+        (
+            PoolConfig(tracker=tracker, key="secure", tls=tls, acquire_timeout_s=1),
+            "UNAUTHENTICATED",
+        ),
+        (
+            PoolConfig(tracker=tracker, key="secure", token=token, acquire_timeout_s=1),
+            "UNAVAILABLE",
+        ),
+    ):
+        runner = PoolRunner(config, FAST)
+        try:
+            [result] = runner.run([built.artifact])
+        finally:
+            runner.close()
+        assert result.status is Status.NO_DEVICE
+        assert expected in result.error
+
+
+# -- Acquire across a tracker restart -----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_acquire_retries_while_the_tracker_restarts() -> None:
+    """A queued Acquire answered UNAVAILABLE by a stopping tracker is sent again until one serves."""
+    address = f"127.0.0.1:{_free_port()}"
+    first = create_server(address)
+    first.pool.register("a", "h:1", [DeviceSpec("", "k")])
+    held = first.pool.acquire(LeaseRequest(key="k")).lease
+    assert held is not None
+    attempts: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        attempts.append(seconds)
+        time.sleep(seconds)
+
+    client = TrackerClient(address, sleep=sleep)
+    outcome: dict[str, Any] = {}
+    worker = threading.Thread(
+        target=lambda: outcome.update(response=client.acquire("k", {}, "me", 0, 30.0, 5.0))
+    )
+    worker.start()
+    second = None
+    try:
+        deadline = time.monotonic() + 10
+        while first.pool.queue_depths().get("k") != 1:
+            assert time.monotonic() < deadline, "the acquire never queued"
+            time.sleep(0.02)
+        first.stop(grace_s=0.5)
+        deadline = time.monotonic() + 10
+        while len(attempts) < 2:  # failed at least twice: the tracker is really gone for a while
+            assert time.monotonic() < deadline, "the client did not retry"
+            time.sleep(0.01)
+        second = create_server(address)
+        second.pool.register("b", "h:2", [DeviceSpec("", "k")])
+        worker.join(30)
+        assert not worker.is_alive()
+    finally:
+        client.close()
+        if second is not None:
+            second.stop(grace_s=0.5)
+    response = outcome["response"]
+    assert response.status == common_pb2.OK, response.reason
+    assert response.lease.device.device_id == "b/0"
+    assert attempts == sorted(attempts) and max(attempts) <= ACQUIRE_RETRY_CAP_S

@@ -11,6 +11,7 @@ import pytest
 
 from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
 from tracker.config import TrackerConfig
+from tracker.errors import StoreUnavailable
 from tracker.server import ServingTracker, create_server
 
 RPC_TIMEOUT_S = 10.0  # deadline on every call; no test should come near it
@@ -68,7 +69,11 @@ def test_register_acquire_release_round_trip(stub: Any) -> None:
     [status] = stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices
     assert (status.state, status.lease_holder) == (tracker_pb2.LEASED, "alice")
     renew = stub.Renew(tracker_pb2.RenewRequest(lease_id=lease.lease_id), timeout=5)
-    assert renew.status == common_pb2.OK and renew.lease.token == lease.token
+    assert renew.status == common_pb2.OK
+    # A fresh token for the new expiry, same fence (k1.<fence>.<expires_ms>.<mac>).
+    assert renew.lease.token != lease.token
+    assert renew.lease.token.split(".")[1] == lease.token.split(".")[1]
+    assert renew.lease.expires_at_unix >= lease.expires_at_unix
     release = tracker_pb2.ReleaseRequest(lease_id=lease.lease_id)
     assert stub.Release(release, timeout=5).released is True
     again = stub.Release(release, timeout=5)
@@ -206,3 +211,63 @@ def test_reaper_marks_silent_agent_lost_and_renew_reports_it() -> None:
 def test_second_tracker_on_a_taken_port_fails(tracker: ServingTracker) -> None:
     with pytest.raises(OSError, match=str(tracker.port)):
         create_server(tracker.address)
+
+
+def test_malformed_bytes_are_invalid_argument_and_server_keeps_serving(
+    tracker: ServingTracker, stub: Any
+) -> None:
+    with grpc.insecure_channel(tracker.address) as channel:
+        raw_register = channel.unary_unary("/kiln.v1.Tracker/Register")
+        # Field 1 (agent_id) says 255 bytes follow, but only 2 do: a truncated message.
+        with pytest.raises(grpc.RpcError) as error:
+            raw_register(b"\x0a\xff\x01\x02", timeout=RPC_TIMEOUT_S)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed request to /kiln.v1.Tracker/Register" in error.value.details()
+    assert stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices == []
+    register(stub)
+    assert len(stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices) == 1
+
+
+def test_oversized_register_is_resource_exhausted() -> None:
+    limit = 64 * 1024
+    serving = create_server("127.0.0.1:0", TrackerConfig(max_message_bytes=limit))
+    try:
+        with grpc.insecure_channel(serving.address) as channel:
+            stub = tracker_pb2_grpc.TrackerStub(channel)
+            huge = common_pb2.DeviceSpec(key="x86", tags={"blob": "x" * (2 * limit)})
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Register(
+                    tracker_pb2.RegisterRequest(agent_id="big", devices=[huge]),
+                    timeout=RPC_TIMEOUT_S,
+                )
+            assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert str(limit) in error.value.details()
+            assert stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices == []
+            small = common_pb2.DeviceSpec(key="x86")
+            stub.Register(tracker_pb2.RegisterRequest(agent_id="ok", devices=[small]), timeout=5)
+            assert len(stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices) == 1
+    finally:
+        serving.stop(grace_s=0.5)
+
+
+def test_store_unavailable_is_unavailable_with_the_reason(
+    stub: Any, tracker: ServingTracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real outage of the redis store is tested with the redis store; here only the mapping.
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("redis at 127.0.0.1:1: connection refused")
+
+    monkeypatch.setattr(tracker.pool, "acquire", down)
+    with pytest.raises(grpc.RpcError) as error:
+        acquire(stub, key="x86")
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "redis at 127.0.0.1:1: connection refused" in error.value.details()
+    monkeypatch.undo()
+    register(stub)
+    assert acquire(stub, key="x86").status == common_pb2.OK
+
+
+def test_acquire_without_a_client_deadline_is_served(stub: Any) -> None:
+    register(stub)
+    response = stub.Acquire(tracker_pb2.AcquireRequest(key="x86"))  # no timeout= on purpose
+    assert response.status == common_pb2.OK

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import grpc
+
+from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
+from protos.auth import Role, call_metadata, write_secrets
 from tuner import records as rec
 from tuner.local_pool import LocalPool
 
@@ -63,14 +68,17 @@ def test_tune_op_against_a_running_tracker_and_devices_lists_it(tmp_path: Path) 
             pool.tracker_address,
             "--key",
             "sys-cpu",
+            "--token-file",
+            str(pool.secrets_path),
         )
         assert out.returncode == 0, out.stderr
-        listing = kiln("devices", "--tracker", pool.tracker_address, "--json")
+        creds = ("--token-file", str(pool.secrets_path))
+        listing = kiln("devices", "--tracker", pool.tracker_address, "--json", *creds)
         assert listing.returncode == 0, listing.stderr
         [device] = json.loads(listing.stdout)
         assert device["key"] == "sys-cpu" and device["state"] == "FREE"
         assert device["agent"] == pool.agent_addresses[0]
-        table = kiln("devices", "--tracker", pool.tracker_address)
+        table = kiln("devices", "--tracker", pool.tracker_address, *creds)
         assert "sys-cpu" in table.stdout and "FREE" in table.stdout
 
 
@@ -90,9 +98,78 @@ def test_bad_input_gets_a_clear_error() -> None:
     out = kiln("tune-op", "matmul", "--shape", "8,8,8", "--tracker", "127.0.0.1:1")
     assert out.returncode != 0 and "--key is required" in out.stderr
     out = kiln("tune-op", "conv9", "--shape", "8,8")
-    assert out.returncode == 2 and "no op template 'conv9'; known: matmul" in out.stderr
+    assert out.returncode == 2 and "no op template 'conv9'; known: " in out.stderr
+    assert "matmul" in out.stderr.split("known: ")[1]
     out = kiln("tune-op", "matmul", "--shape", "8,8")
     assert out.returncode == 2 and "matmul workload is (M, N, K)" in out.stderr
     assert "Traceback" not in out.stderr
     out = kiln("devices", "--tracker", "127.0.0.1:1")
-    assert out.returncode == 2 and "UNAVAILABLE" in out.stderr
+    assert out.returncode == 1 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert line.startswith("kiln: tracker 127.0.0.1:1 unreachable: UNAVAILABLE")
+    out = kiln("devices", "--tracker", "127.0.0.1:1", "--token-file", "/nonexistent/secrets")
+    assert out.returncode == 2 and "cannot read pool secrets /nonexistent/secrets" in out.stderr
+
+
+def test_devices_with_a_token_file_and_a_bounded_watch(tmp_path: Path) -> None:
+    secrets_path = tmp_path / "pool.secrets"
+    secrets = write_secrets(secrets_path)
+    ready = tmp_path / "ready"
+    tracker = subprocess.Popen(
+        [sys.executable, "-m", "tracker", "--listen", "127.0.0.1:0",
+         "--token-file", str(secrets_path), "--ready-file", str(ready)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert tracker.poll() is None and time.monotonic() < deadline, "tracker did not start"
+            time.sleep(0.02)
+        address = ready.read_text().strip()
+        with grpc.insecure_channel(address) as channel:
+            stub = tracker_pb2_grpc.TrackerStub(channel)
+            devices = [common_pb2.DeviceSpec(key="arm"), common_pb2.DeviceSpec(key="x86")]
+            stub.Register(
+                tracker_pb2.RegisterRequest(agent_id="h", agent_address="h:1", devices=devices),
+                timeout=10,
+                metadata=call_metadata(secrets.token(Role.AGENT)),
+            )
+            stub.Acquire(
+                tracker_pb2.AcquireRequest(key="x86", user="carol"),
+                timeout=10,
+                metadata=call_metadata(secrets.token(Role.CLIENT)),
+            )
+        refused = kiln("devices", "--tracker", address)
+        assert refused.returncode == 1
+        [line] = refused.stderr.splitlines()
+        assert line == (
+            f"kiln: tracker {address} rejected the token (check --token-file): "
+            "UNAUTHENTICATED: missing bearer token"
+        )
+        table = kiln("devices", "--tracker", address, "--token-file", str(secrets_path))
+        assert table.returncode == 0, table.stderr
+        rows = [line for line in table.stdout.splitlines() if line.startswith("| ")]
+        header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+        assert header == ["key", "device", "agent", "state", "holder", "heartbeat_age_s", "queue"]
+        assert "| arm " in rows[1] and "FREE" in rows[1]
+        assert "| x86 " in rows[2] and "LEASED" in rows[2] and "carol" in rows[2]
+        assert "2 devices: 1 FREE, 1 LEASED; longest queue 0" in table.stdout
+        watched = kiln(
+            "devices", "--tracker", address, "--token-file", str(secrets_path),
+            "--key", "x86", "--json", "--watch", "0.1", "--count", "3",
+        )  # fmt: skip
+        assert watched.returncode == 0, watched.stderr
+        snapshots = [json.loads(line) for line in watched.stdout.splitlines()]
+        assert len(snapshots) == 3
+        for snapshot in snapshots:
+            [device] = snapshot
+            assert (device["device"], device["state"], device["holder"]) == (
+                "h/1",
+                "LEASED",
+                "carol",
+            )
+    finally:
+        tracker.terminate()
+        tracker.wait(10)

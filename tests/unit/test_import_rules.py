@@ -22,8 +22,8 @@ ALLOWED_OURS: dict[str, set[str]] = {
 # Third-party modules a package may import; None means anything. The agent runs on small boards.
 ALLOWED_THIRD_PARTY: dict[str, set[str] | None] = {
     "protos": {"grpc", "google", "grpc_tools"},  # grpc_tools: only protos/generate.py, a dev tool
-    "tracker": {"grpc", "google", "redis"},
-    "device_agent": {"grpc", "google", "numpy"},
+    "tracker": {"grpc", "grpc_health", "google", "redis", "prometheus_client"},
+    "device_agent": {"grpc", "grpc_health", "google", "numpy"},
     "compiler": {"numpy"},
     "tuner": None,
     "deploy": None,

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from protos import common_pb2, tracker_pb2
+from protos.auth import Role, load_secrets
 from tracker import serde
-from tracker.__main__ import main, write_ready_file
+from tracker.__main__ import is_loopback, main, write_ready_file
 from tracker.config import TrackerConfig
 from tracker.model import AcquireResult, DeviceSpec, DeviceState, DeviceStatus, Lease
 
@@ -79,3 +80,73 @@ def test_serde_device_states(state: DeviceState, wire: int) -> None:
         1.5,
         3,
     )
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:9190", "10.1.2.3:0", "[::]:0", "tracker.lan:9190"])
+def test_non_loopback_listen_without_token_file_is_refused(
+    listen: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--listen", listen])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"refusing to listen on non-loopback {listen} without --token-file" in err
+    assert "--insecure" in err
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.0.1", True),
+        ("localhost", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("[::]", False),
+        ("", False),
+        ("192.168.1.4", False),
+        ("example.org", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_init_secrets_writes_a_private_file_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pool.secrets"
+    assert main(["init-secrets", str(path)]) == 0
+    assert path.stat().st_mode & 0o777 == 0o600
+    secrets = load_secrets(path)
+    assert set(secrets.tokens) == set(Role)
+    assert len({secrets.token(role) for role in Role}) == 3
+    assert secrets.lease_key is not None and len(secrets.lease_key) >= 16
+    before = path.read_text()
+    assert main(["init-secrets", str(path)]) == 1
+    assert "cannot create pool secrets" in capsys.readouterr().err
+    assert path.read_text() == before
+
+
+def test_token_file_without_a_client_token_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "agent-only.secrets"
+    path.write_text("agent = " + "a" * 32 + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--listen", "127.0.0.1:0", "--token-file", str(path)])
+    assert exit_info.value.code == 2
+    assert "pool secrets have no 'client' token" in capsys.readouterr().err
+
+
+def test_tls_key_without_cert_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--listen", "127.0.0.1:0", "--tls-key", "k.pem"])
+    assert exit_info.value.code == 2
+    assert "TLS needs both --tls-cert and --tls-key" in capsys.readouterr().err
+
+
+def test_ready_file_takes_extra_lines(tmp_path: Path) -> None:
+    path = tmp_path / "ready"
+    write_ready_file(str(path), "127.0.0.1:1", "http://127.0.0.1:2/metrics")
+    assert path.read_text() == "127.0.0.1:1\nhttp://127.0.0.1:2/metrics\n"

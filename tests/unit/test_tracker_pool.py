@@ -296,3 +296,123 @@ def test_invalid_acquire(pool: DevicePool, field: str) -> None:
         pool.acquire(LeaseRequest(**fields))
     with pytest.raises(InvalidArgument, match="lease_id"):
         pool.renew("")
+    with pytest.raises(InvalidArgument, match="request_id must be at most 128 characters"):
+        pool.acquire(LeaseRequest(request_id="r" * 129))
+
+
+def start_waiting(
+    pool: DevicePool, results: dict[str, AcquireResult], name: str, **request: Any
+) -> threading.Thread:
+    """Acquire in a thread and record the result under `name`, keeping any lease."""
+
+    def run() -> None:
+        results[name] = pool.acquire(LeaseRequest(timeout_s=WAIT_S, **request))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_same_request_id_takes_over_the_waiting_call(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    held = take(pool, key="k")
+    results: dict[str, AcquireResult] = {}
+    first = start_waiting(pool, results, "first", key="k", request_id="r1")
+    wait_for_waiters(pool, 1)
+    second = start_waiting(pool, results, "second", key="k", request_id="r1")
+    first.join(WAIT_S)
+    assert results["first"].reason == pool_module.REASON_SUPERSEDED
+    wait_for_waiters(pool, 1)
+    pool.release(held.lease_id)
+    second.join(WAIT_S)
+    assert results["second"].lease is not None
+
+
+def test_queue_position_survives_a_restart_of_the_pool(clock: FakeClock) -> None:
+    """Two pools over one store in turn: the second re-attaches the first one's waiters."""
+    store = MemoryStore()
+    before = DevicePool(store, CONFIG, clock=clock)
+    register(before, "a", DeviceSpec("", "k"))
+    held = take(before, key="k")
+    results: dict[str, AcquireResult] = {}
+    threads = [start_waiting(before, results, name, key="k", request_id=name) for name in "xy"]
+    wait_until(lambda: len(store.queued(clock.now)) == 2)
+    before.close()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert {results["x"].reason, results["y"].reason} == {pool_module.REASON_SHUTTING_DOWN}
+    after = DevicePool(store, CONFIG, clock=clock)
+    results.clear()
+    late = start_waiting(after, results, "y", key="k", request_id="y")  # y retries first
+    wait_for_waiters(after, 1)
+    early = start_waiting(after, results, "x", key="k", request_id="x")
+    wait_for_waiters(after, 2)
+    after.release(held.lease_id)
+    early.join(WAIT_S)
+    assert results["x"].lease is not None and "y" not in results
+    after.close()
+    late.join(WAIT_S)
+
+
+def test_entries_of_a_dead_pool_stop_blocking_after_their_ttl(clock: FakeClock) -> None:
+    store = MemoryStore()
+    dead = DevicePool(store, CONFIG, clock=clock)
+    register(dead, "a", DeviceSpec("", "k"))
+    held = take(dead, key="k")
+    results: dict[str, AcquireResult] = {}
+    orphan = start_waiting(dead, results, "orphan", key="k", request_id="orphan")
+    wait_until(lambda: len(store.queued(clock.now)) == 1)
+    dead.close()
+    orphan.join(WAIT_S)
+    alive = DevicePool(store, CONFIG, clock=clock)
+    alive.release(held.lease_id)
+    newcomer = start_waiting(alive, results, "newcomer", key="k")
+    wait_for_waiters(alive, 1)
+    assert "newcomer" not in results  # the orphan's place still holds the device
+    clock.advance(CONFIG.queued_request_ttl_s)
+    alive.heartbeat("a")
+    assert alive.reap().dropped_requests == ("orphan",)
+    newcomer.join(WAIT_S)
+    assert results["newcomer"].lease is not None
+    alive.close()
+
+
+def test_reap_keeps_live_waiters_queued(pool: DevicePool, clock: FakeClock) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    take(pool, key="k")
+    results: dict[str, AcquireResult] = {}
+    waiter = start_waiting(pool, results, "w", key="k", request_id="w")
+    wait_for_waiters(pool, 1)
+    for _ in range(4):  # well past queued_request_ttl_s, with a sweep every second
+        clock.advance(CONFIG.queued_request_ttl_s / 2)
+        pool.heartbeat("a")
+        assert pool.reap().dropped_requests == ()
+    assert [status.queue_depth for status in pool.list_devices()] == [1]
+    pool.close()
+    waiter.join(WAIT_S)
+
+
+def test_lost_devices_are_pruned_after_the_retention(clock: FakeClock) -> None:
+    config = TrackerConfig(heartbeat_interval_s=1.0, lost_device_retention_s=60.0)
+    pool = DevicePool(MemoryStore(), config, clock=clock)
+    register(pool, "a", DeviceSpec("", "k"))
+    clock.advance(config.agent_timeout_s + 1)
+    assert pool.reap().lost_devices == ("a/0",)
+    clock.advance(60.5)
+    assert pool.reap().pruned_devices == ("a/0",)
+    assert pool.list_devices() == []
+    result = pool.acquire(LeaseRequest(key="k"))
+    assert result.reason == "no registered device matches key='k' tags={}"
+
+
+def test_renew_issues_a_fresh_token_with_the_same_fence(pool: DevicePool, clock: FakeClock) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    lease = take(pool, key="k")
+    clock.advance(1.0)
+    renewed = pool.renew(lease.lease_id)
+    assert renewed.fence == lease.fence > 0
+    assert renewed.token != lease.token
+    assert renewed.token.split(".")[1:3] == [
+        str(lease.fence),
+        str(round(renewed.expires_at_unix * 1000)),
+    ]

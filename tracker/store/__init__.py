@@ -1,21 +1,41 @@
-"""Store implementations, found by module name: `memory` (embedded default); `redis` comes later."""
+"""Store implementations: `memory` (embedded default) and `redis` (durable, shared by replicas).
+
+`open_store(name)` takes what `--store` was given:
+
+    memory                                   state in this process (lost on exit)
+    redis://host:port/db[?prefix=P]          Redis over TCP; keys under P (default "kiln:")
+    redis+unix:///path/redis.sock[?db=N&prefix=P]   Redis over a unix socket
+"""
 
 from __future__ import annotations
 
 from tracker.errors import UnknownStore
 from tracker.store.base import TrackerStore
 
-AVAILABLE_STORES = ("memory",)
+AVAILABLE_STORES = ("memory", "redis://", "redis+unix://")
+
+
+def is_store_name(name: str) -> bool:
+    """True when `name` is "memory" or starts with a redis scheme (the URL is checked on open)."""
+    return name == "memory" or name.startswith(("redis://", "redis+unix://"))
 
 
 def open_store(name: str) -> TrackerStore:
-    """Create the store called `name`.
+    """Create the store that `name` describes (see the module docstring).
+
+    Connecting is lazy: an unreachable Redis surfaces as StoreUnavailable on first use.
 
     Raises:
-        UnknownStore: `name` is not one of AVAILABLE_STORES.
+        UnknownStore: `name` is neither "memory" nor a well-formed redis URL.
     """
     if name == "memory":
         from tracker.store.memory import MemoryStore
 
         return MemoryStore()
-    raise UnknownStore(f"unknown store {name!r}; available: {', '.join(AVAILABLE_STORES)}")
+    if is_store_name(name):
+        from tracker.store.redis import RedisStore
+
+        return RedisStore(name)
+    raise UnknownStore(
+        f"unknown store {name!r}; use memory, redis://host:port/db or redis+unix:///path"
+    )

@@ -1,23 +1,36 @@
 """The TrackerStore contract: every state transition of the pool as one atomic method.
 
-A store owns agents, devices and leases. The DevicePool above it owns the wait queue and the clock;
-it passes `now_unix` into every call, so a store never reads a clock (tests inject time, and
-replicas sharing a redis store agree on it). Each method is one transition that an implementation
-MUST make atomic (a lock for memory; a Lua script or WATCH/MULTI transaction for redis), so two
-tracker threads or replicas can never both grant one device.
+A store owns agents, devices, leases, per-device fences and the pool-wide queue of waiting Acquire
+requests. The DevicePool above it owns the waiting threads and the clock; it passes `now_unix` into
+every call, so a store never reads a clock (tests inject time, and replicas sharing a redis store
+agree on it). Each method is one transition that an implementation MUST make atomic (a lock for
+memory; a Lua script for redis), so two tracker threads or replicas can never both grant one device.
 
 Invariants every implementation MUST keep:
 - a device has at most one active lease, and a lease names exactly one device;
 - a device is LOST exactly while its agent is expired; a LOST device is never granted;
 - an ended lease is gone from the active set and its device is FREE (unless LOST) in the same step;
-- the reason a lease ended is remembered (bounded) so Renew/Release can say why.
+- the reason a lease ended is remembered (bounded) so Renew/Release can say why;
+- a device's fence strictly increases across its grants, also across a restart of the tracker
+  (fence = grant time in microseconds, bumped past the device's previous fence);
+- a grant never overtakes the queue: a device goes to a request only if no live queued request
+  ordered before it would be given that device by serving the queue in order (see `grant`).
 """
 
 from __future__ import annotations
 
 import abc
+import math
+from collections.abc import Callable, Sequence
 
-from tracker.model import DeviceRecord, ExpiryReport, Lease, LeaseRequest, Registration
+from tracker.model import (
+    DeviceRecord,
+    ExpiryReport,
+    Lease,
+    LeaseRequest,
+    QueueTicket,
+    Registration,
+)
 from tracker.tokens import TokenIssuer
 
 # Reasons a lease ends; clients see them in RenewResponse.reason and ReleaseResponse.reason.
@@ -27,9 +40,18 @@ REASON_RELEASED = "lease released"
 REASON_AGENT_SILENT = "device lost: agent stopped heartbeating"
 REASON_DEVICE_DROPPED = "device lost: agent re-registered without it"
 
+# Ended-lease reasons kept for Renew/Release answers. A holder asks again within seconds, so a
+# bounded memory is enough and a long-lived tracker does not grow without limit.
+MAX_ENDED_LEASES = 10_000
+
+
+def next_fence(now_unix: float, previous: int) -> int:
+    """The fence of a grant at `now_unix` on a device whose last fence was `previous`."""
+    return max(int(now_unix * 1_000_000), previous + 1)
+
 
 class TrackerStore(abc.ABC):
-    """Agents, devices and leases of one pool."""
+    """Agents, devices, leases and queued requests of one pool."""
 
     @abc.abstractmethod
     def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
@@ -58,18 +80,26 @@ class TrackerStore(abc.ABC):
         now_unix: float,
         ttl_s: float,
         issue_token: TokenIssuer,
+        ticket: QueueTicket | None = None,
     ) -> Lease | None:
         """Lease one FREE device that `request` matches, or return None.
 
-        MUST pick and mark the device in one atomic step. Among several free matches the choice is
-        the implementation's (memory: lowest device_id), but it MUST be deterministic for one state.
+        MUST pick and mark the device in one atomic step, and MUST choose as if the queue were
+        served in order: every live queued request ordered before this one (before `ticket`; or,
+        for a new arrival with ticket None, every one of equal or higher priority) in turn claims
+        the lowest-id free device it matches, and this request gets the lowest-id free device it
+        matches that none of them claimed. With a ticket, the granted request leaves the queue in
+        the same step. The lease's fence is `next_fence(now_unix, device's last fence)`.
         """
 
     @abc.abstractmethod
-    def renew(self, lease_id: str, now_unix: float, ttl_s: float) -> Lease:
-        """Extend an active lease to `now_unix + ttl_s`.
+    def renew(
+        self, lease_id: str, now_unix: float, ttl_s: float, issue_token: TokenIssuer
+    ) -> Lease:
+        """Extend an active lease to `now_unix + ttl_s`, with a fresh token for the new expiry.
 
-        A lease past its expiry MUST be ended here (REASON_EXPIRED) even if no sweep ran yet.
+        The fence stays. A lease past its expiry MUST be ended here (REASON_EXPIRED) even if no
+        sweep ran yet.
 
         Raises:
             LeaseLost: the lease is unknown or ended; the message is the reason.
@@ -79,21 +109,66 @@ class TrackerStore(abc.ABC):
     def release(self, lease_id: str, now_unix: float) -> Lease:
         """End an active lease (REASON_RELEASED) and free its device.
 
+        Returns:
+            The lease as it was; its token may be "" (stores need not keep tokens).
+
         Raises:
             LeaseLost: the lease is unknown or already ended (so double release is not an error).
         """
 
     @abc.abstractmethod
-    def expire(self, now_unix: float, agent_timeout_s: float) -> ExpiryReport:
-        """Expire agents silent for longer than `agent_timeout_s` and leases past their expiry.
+    def expire(
+        self,
+        now_unix: float,
+        agent_timeout_s: float,
+        lost_device_retention_s: float = math.inf,
+    ) -> ExpiryReport:
+        """One sweep: silent agents, lapsed leases, long-lost devices, abandoned queue entries.
 
-        Devices of expired agents become LOST and their leases end with REASON_AGENT_SILENT;
-        other leases past `expires_at_unix` end with REASON_EXPIRED.
+        Devices of agents silent for longer than `agent_timeout_s` become LOST and their leases
+        end with REASON_AGENT_SILENT; other leases past `expires_at_unix` end with REASON_EXPIRED;
+        devices LOST for longer than `lost_device_retention_s` are forgotten (an agent whose
+        devices are all forgotten is forgotten too); queued requests past their expiry are dropped.
         """
 
     @abc.abstractmethod
     def devices(self, key: str = "") -> list[DeviceRecord]:
         """Every known device with `key` ("" = all), LOST ones included, sorted by device_id."""
+
+    @abc.abstractmethod
+    def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
+        """Queue `request` (its request_id MUST be set) until `now_unix + ttl_s`.
+
+        If a live entry with that request_id is queued, it is taken over: its expiry is refreshed
+        and its ticket (original priority and place) returned, whatever this request says.
+        """
+
+    @abc.abstractmethod
+    def keep_queued(
+        self,
+        entries: Sequence[tuple[QueueTicket, LeaseRequest]],
+        now_unix: float,
+        ttl_s: float,
+    ) -> None:
+        """Refresh these waiting entries to expire at `now_unix + ttl_s`, re-creating any that
+        a sweep dropped meanwhile with their original ticket."""
+
+    @abc.abstractmethod
+    def dequeue(self, request_id: str) -> None:
+        """Drop a queued request (answered, cancelled, timed out); no error when absent."""
+
+    @abc.abstractmethod
+    def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
+        """Live queued requests of every replica, in service order."""
+
+    def watch(self, on_change: Callable[[], None]) -> None:
+        """Call `on_change` (from any thread) when another process may have freed a device or
+        left the queue, so waiters here get a chance at it.
+
+        A store that only one process uses (memory) never needs to call it; the default does
+        nothing. Calls may be missed (the pool also re-dispatches on every reap).
+        """
+        del on_change
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import logging
+import math
 import threading
+from collections.abc import Sequence
 
 from tracker.errors import InvalidArgument, LeaseLost
 from tracker.model import (
@@ -15,6 +19,7 @@ from tracker.model import (
     ExpiryReport,
     Lease,
     LeaseRequest,
+    QueueTicket,
     Registration,
 )
 from tracker.store import base
@@ -22,17 +27,17 @@ from tracker.tokens import TokenIssuer
 
 _LOG = logging.getLogger(__name__)
 
-# Ended-lease reasons kept for Renew/Release answers. A holder asks again within seconds, so a
-# bounded memory is enough and a long-lived tracker does not grow without limit.
-_MAX_ENDED_LEASES = 10_000
-
 
 @dataclasses.dataclass
 class _Agent:
     address: str
     last_heartbeat_unix: float
-    expired: bool = False
+    expired_at_unix: float | None = None
     device_ids: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def expired(self) -> bool:
+        return self.expired_at_unix is not None
 
 
 @dataclasses.dataclass
@@ -40,6 +45,13 @@ class _Device:
     spec: DeviceSpec
     agent_id: str
     lease_id: str | None = None
+
+
+@dataclasses.dataclass
+class _Queued:
+    ticket: QueueTicket
+    request: LeaseRequest
+    expires_at_unix: float
 
 
 class MemoryStore(base.TrackerStore):
@@ -51,6 +63,13 @@ class MemoryStore(base.TrackerStore):
         self._devices: dict[str, _Device] = {}
         self._leases: dict[str, Lease] = {}
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._fences: dict[str, int] = {}
+        self._queue: dict[str, _Queued] = {}
+        self._seq = itertools.count(1)
+        # Sorted ids of grantable devices (live agent, no lease): all, and per key, so a grant
+        # with 1,000 devices registered looks at the first few instead of sorting them all.
+        self._free: list[str] = []
+        self._free_by_key: dict[str, list[str]] = collections.defaultdict(list)
 
     def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
         agent_id = registration.agent_id
@@ -77,9 +96,12 @@ class MemoryStore(base.TrackerStore):
                     self._agents[device.agent_id].device_ids.remove(spec.device_id)
                     device = None
                 if device is None:
-                    self._devices[spec.device_id] = _Device(spec, agent_id)
+                    device = self._devices[spec.device_id] = _Device(spec, agent_id)
                 else:
+                    self._mark_busy(device)  # its key may change
                     device.spec = spec
+                if device.lease_id is None:
+                    self._mark_free(device)
             self._agents[agent_id] = _Agent(
                 address=registration.agent_address,
                 last_heartbeat_unix=now_unix,
@@ -102,29 +124,43 @@ class MemoryStore(base.TrackerStore):
         now_unix: float,
         ttl_s: float,
         issue_token: TokenIssuer,
+        ticket: QueueTicket | None = None,
     ) -> Lease | None:
         with self._lock:
-            for device_id in sorted(self._devices):
+            claimed: set[str] = set()
+            for entry in self._ahead(request, ticket, now_unix):
+                for device_id in self._free_ids(entry.key):
+                    if device_id not in claimed and entry.matches(self._devices[device_id].spec):
+                        claimed.add(device_id)
+                        break
+            for device_id in self._free_ids(request.key):
                 device = self._devices[device_id]
-                if device.lease_id is not None or self._agents[device.agent_id].expired:
+                if device_id in claimed or not request.matches(device.spec):
                     continue
-                if not request.matches(device.spec):
-                    continue
+                fence = base.next_fence(now_unix, self._fences.get(device_id, 0))
+                self._fences[device_id] = fence
                 expires_at_unix = now_unix + ttl_s
-                token = issue_token(lease_id, device_id, expires_at_unix)
-                lease = Lease(lease_id, device.spec, expires_at_unix, token, request.user)
+                token = issue_token(lease_id, device_id, fence, expires_at_unix)
+                lease = Lease(lease_id, device.spec, expires_at_unix, token, request.user, fence)
                 self._leases[lease_id] = lease
                 device.lease_id = lease_id
+                self._mark_busy(device)
+                if ticket is not None:
+                    self._queue.pop(ticket.request_id, None)
                 return lease
             return None
 
-    def renew(self, lease_id: str, now_unix: float, ttl_s: float) -> Lease:
+    def renew(
+        self, lease_id: str, now_unix: float, ttl_s: float, issue_token: TokenIssuer
+    ) -> Lease:
         with self._lock:
             lease = self._active(lease_id)
             if lease.expires_at_unix <= now_unix:
                 self._end(lease_id, base.REASON_EXPIRED)
                 raise LeaseLost(base.REASON_EXPIRED)
-            lease = dataclasses.replace(lease, expires_at_unix=now_unix + ttl_s)
+            expires_at_unix = now_unix + ttl_s
+            token = issue_token(lease_id, lease.device.device_id, lease.fence, expires_at_unix)
+            lease = dataclasses.replace(lease, expires_at_unix=expires_at_unix, token=token)
             self._leases[lease_id] = lease
             return lease
 
@@ -137,18 +173,33 @@ class MemoryStore(base.TrackerStore):
             self._end(lease_id, base.REASON_RELEASED)
             return lease
 
-    def expire(self, now_unix: float, agent_timeout_s: float) -> ExpiryReport:
+    def expire(
+        self,
+        now_unix: float,
+        agent_timeout_s: float,
+        lost_device_retention_s: float = math.inf,
+    ) -> ExpiryReport:
         with self._lock:
             agents: list[str] = []
             lost: list[str] = []
             ended: list[str] = []
-            for agent_id, agent in self._agents.items():
-                if agent.expired or now_unix - agent.last_heartbeat_unix <= agent_timeout_s:
+            pruned: list[str] = []
+            for agent_id, agent in list(self._agents.items()):
+                if agent.expired_at_unix is not None:
+                    if now_unix - agent.expired_at_unix > lost_device_retention_s:
+                        for device_id in agent.device_ids:
+                            del self._devices[device_id]
+                            self._fences.pop(device_id, None)
+                            pruned.append(device_id)
+                        del self._agents[agent_id]
                     continue
-                agent.expired = True
+                if now_unix - agent.last_heartbeat_unix <= agent_timeout_s:
+                    continue
+                agent.expired_at_unix = now_unix
                 agents.append(agent_id)
                 for device_id in agent.device_ids:
                     lost.append(device_id)
+                    self._mark_busy(self._devices[device_id])
                     lease_id = self._devices[device_id].lease_id
                     if lease_id is not None:
                         self._end(lease_id, base.REASON_AGENT_SILENT)
@@ -157,7 +208,12 @@ class MemoryStore(base.TrackerStore):
                 if lease.expires_at_unix <= now_unix:
                     self._end(lease_id, base.REASON_EXPIRED)
                     ended.append(lease_id)
-            return ExpiryReport(tuple(agents), tuple(lost), tuple(ended))
+            dropped = [rid for rid, q in self._queue.items() if q.expires_at_unix <= now_unix]
+            for request_id in dropped:
+                del self._queue[request_id]
+            return ExpiryReport(
+                tuple(agents), tuple(lost), tuple(ended), tuple(pruned), tuple(dropped)
+            )
 
     def devices(self, key: str = "") -> list[DeviceRecord]:
         with self._lock:
@@ -178,8 +234,77 @@ class MemoryStore(base.TrackerStore):
                 records.append(DeviceRecord(device.spec, state, holder, agent.last_heartbeat_unix))
             return records
 
+    def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
+        if not request.request_id:
+            raise InvalidArgument("request_id must not be empty to queue a request")
+        with self._lock:
+            entry = self._queue.get(request.request_id)
+            if entry is not None and entry.expires_at_unix > now_unix:
+                entry.expires_at_unix = now_unix + ttl_s
+                return entry.ticket
+            ticket = QueueTicket(request.request_id, request.priority, next(self._seq))
+            self._queue[request.request_id] = _Queued(ticket, request, now_unix + ttl_s)
+            return ticket
+
+    def keep_queued(
+        self,
+        entries: Sequence[tuple[QueueTicket, LeaseRequest]],
+        now_unix: float,
+        ttl_s: float,
+    ) -> None:
+        with self._lock:
+            for ticket, request in entries:
+                self._queue[ticket.request_id] = _Queued(ticket, request, now_unix + ttl_s)
+
+    def dequeue(self, request_id: str) -> None:
+        with self._lock:
+            self._queue.pop(request_id, None)
+
+    def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
+        with self._lock:
+            live = [q for q in self._queue.values() if q.expires_at_unix > now_unix]
+        live.sort(key=lambda q: q.ticket.order)
+        return [(q.ticket, q.request) for q in live]
+
     def close(self) -> None:
         """Nothing to release: the state dies with the object."""
+
+    def _ahead(
+        self, request: LeaseRequest, ticket: QueueTicket | None, now_unix: float
+    ) -> list[LeaseRequest]:
+        """Live queued requests served before this one, in service order."""
+        if ticket is None:
+            ahead = [
+                q
+                for q in self._queue.values()
+                if q.ticket.priority >= request.priority and q.expires_at_unix > now_unix
+            ]
+        else:
+            ahead = [
+                q
+                for q in self._queue.values()
+                if q.ticket.order < ticket.order
+                and q.expires_at_unix > now_unix
+                and q.ticket.request_id != ticket.request_id
+            ]
+        ahead.sort(key=lambda q: q.ticket.order)
+        return [q.request for q in ahead]
+
+    def _free_ids(self, key: str) -> list[str]:
+        """Sorted ids of grantable devices with `key` ("" = any); a snapshot."""
+        return list(self._free_by_key.get(key, ()) if key else self._free)
+
+    def _mark_free(self, device: _Device) -> None:
+        for ids in (self._free, self._free_by_key[device.spec.key]):
+            index = bisect.bisect_left(ids, device.spec.device_id)
+            if index == len(ids) or ids[index] != device.spec.device_id:
+                ids.insert(index, device.spec.device_id)
+
+    def _mark_busy(self, device: _Device) -> None:
+        for ids in (self._free, self._free_by_key[device.spec.key]):
+            index = bisect.bisect_left(ids, device.spec.device_id)
+            if index < len(ids) and ids[index] == device.spec.device_id:
+                del ids[index]
 
     def _active(self, lease_id: str) -> Lease:
         lease = self._leases.get(lease_id)
@@ -192,13 +317,16 @@ class MemoryStore(base.TrackerStore):
         device = self._devices.get(lease.device.device_id)
         if device is not None and device.lease_id == lease_id:
             device.lease_id = None
+            if not self._agents[device.agent_id].expired:
+                self._mark_free(device)
         self._ended[lease_id] = reason
-        while len(self._ended) > _MAX_ENDED_LEASES:
+        while len(self._ended) > base.MAX_ENDED_LEASES:
             self._ended.popitem(last=False)
         _LOG.debug("lease %s on %s ended: %s", lease_id, lease.device.device_id, reason)
 
     def _drop_device(self, device_id: str, reason: str) -> list[str]:
         device = self._devices.pop(device_id)
+        self._mark_busy(device)
         if device.lease_id is None:
             return []
         self._end(device.lease_id, reason)

@@ -17,23 +17,30 @@ from dataclasses import dataclass, field
 import grpc
 
 from compiler.artifact import Artifact
-from protos import agent_pb2, agent_pb2_grpc, common_pb2, tracker_pb2, tracker_pb2_grpc
+from protos import agent_pb2, agent_pb2_grpc, common_pb2, tracker_pb2
+from protos.auth import TlsFiles, call_metadata, open_channel
 from tuner import serde
 from tuner.measure import EvaluatorConfig, MeasureResult, Status
+from tuner.tracker_client import CONTROL_RPC_TIMEOUT_S, TrackerClient
 
 _LOG = logging.getLogger(__name__)
 
 # gRPC's default message limit is 4 MiB; 1 MiB chunks stay far below it with room for the meta.
 UPLOAD_CHUNK_BYTES = 1 << 20
-# Deadline for control calls (acquire excluded): a healthy tracker or agent answers in milliseconds.
-CONTROL_RPC_TIMEOUT_S = 10.0
 # Slack added to a measurement's own timeout for the agent to kill, report and respawn.
 MEASURE_RPC_SLACK_S = 10.0
+# A lease whose renewal failed (tracker unreachable) is still used while this much of it is left.
+RENEW_FAILURE_KEEP_S = 2.0
 
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """Where and how to lease devices."""
+    """Where and how to lease devices, and the credentials for the tracker and its agents.
+
+    `token` (the pool's client token) goes as bearer metadata on every call to the tracker and to
+    agents; `tls` (the CA of the pool's certificates, and a client certificate for mutual TLS)
+    secures both channels.
+    """
 
     tracker: str
     key: str
@@ -42,6 +49,8 @@ class PoolConfig:
     priority: int = 0
     acquire_timeout_s: float = 60.0
     lease_ttl_s: float = 60.0
+    token: str | None = field(default=None, repr=False)
+    tls: TlsFiles | None = None
 
 
 class _NoDevice(Exception):
@@ -54,8 +63,8 @@ class PoolRunner:
     def __init__(self, pool: PoolConfig, evaluator: EvaluatorConfig | None = None) -> None:
         self.pool = pool
         self.evaluator = evaluator or EvaluatorConfig()
-        self._tracker_channel = grpc.insecure_channel(pool.tracker)
-        self._tracker = tracker_pb2_grpc.TrackerStub(self._tracker_channel)
+        self._tracker = TrackerClient(pool.tracker, pool.token, pool.tls)
+        self._metadata = call_metadata(pool.token)
         self._agents: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentStub]] = {}
         self._lease: tracker_pb2.Lease | None = None
 
@@ -78,7 +87,7 @@ class PoolRunner:
         for channel, _ in self._agents.values():
             channel.close()
         self._agents.clear()
-        self._tracker_channel.close()
+        self._tracker.close()
 
     # -- leases ---------------------------------------------------------------------------------
 
@@ -87,36 +96,34 @@ class PoolRunner:
         if lease is not None and lease.expires_at_unix - time.time() < self.pool.lease_ttl_s / 2:
             lease = self._renew(lease)
         if lease is None:
+            self._drop_lease()
             lease = self._acquire()
         self._lease = lease
         return lease
 
     def _renew(self, lease: tracker_pb2.Lease) -> tracker_pb2.Lease | None:
-        """The renewed lease, or None when the tracker says it is gone or cannot be reached."""
-        req = tracker_pb2.RenewRequest(lease_id=lease.lease_id, lease_ttl_s=self.pool.lease_ttl_s)
+        """The renewed lease (with its fresh token), the same lease while a tracker outage leaves
+        it time, or None when it is gone."""
         try:
-            resp = self._tracker.Renew(req, timeout=CONTROL_RPC_TIMEOUT_S)
+            resp = self._tracker.renew(lease.lease_id, self.pool.lease_ttl_s)
         except grpc.RpcError as exc:
             _LOG.warning("renewing lease %s failed: %s", lease.lease_id, _describe(exc))
+            if lease.expires_at_unix - time.time() > RENEW_FAILURE_KEEP_S:
+                return lease  # a restarting tracker keeps the lease; try again next candidate
             return None
         if resp.status != common_pb2.OK:
             _LOG.warning("lease %s lost: %s", lease.lease_id, resp.reason)
+            self._lease = None  # nothing left to release
             return None
         renewed: tracker_pb2.Lease = resp.lease
         return renewed
 
     def _acquire(self) -> tracker_pb2.Lease:
         p = self.pool
-        req = tracker_pb2.AcquireRequest(
-            key=p.key,
-            tag_selector=p.tags,
-            priority=p.priority,
-            user=p.user,
-            timeout_s=p.acquire_timeout_s,
-            lease_ttl_s=p.lease_ttl_s,
-        )
         try:
-            resp = self._tracker.Acquire(req, timeout=p.acquire_timeout_s + CONTROL_RPC_TIMEOUT_S)
+            resp = self._tracker.acquire(
+                p.key, p.tags, p.user, p.priority, p.acquire_timeout_s, p.lease_ttl_s
+            )
         except grpc.RpcError as exc:
             raise _NoDevice(f"tracker {p.tracker}: {_describe(exc)}") from exc
         if resp.status != common_pb2.OK:
@@ -134,9 +141,7 @@ class PoolRunner:
         if lease is None:
             return
         try:
-            self._tracker.Release(
-                tracker_pb2.ReleaseRequest(lease_id=lease.lease_id), timeout=CONTROL_RPC_TIMEOUT_S
-            )
+            self._tracker.release(lease.lease_id)
         except grpc.RpcError as exc:
             # The tracker expires the lease by itself; nothing is lost by failing to release it.
             _LOG.warning("releasing lease %s failed: %s", lease.lease_id, _describe(exc))
@@ -145,7 +150,7 @@ class PoolRunner:
 
     def _agent(self, address: str) -> agent_pb2_grpc.AgentStub:
         if address not in self._agents:
-            channel = grpc.insecure_channel(address)
+            channel = open_channel(address, self.pool.tls)
             self._agents[address] = (channel, agent_pb2_grpc.AgentStub(channel))
         return self._agents[address][1]
 
@@ -153,9 +158,17 @@ class PoolRunner:
         device = lease.device
         agent = self._agent(device.agent_address)
         try:
-            has = agent.Has(agent_pb2.HasRequest(sha256=art.sha256), timeout=CONTROL_RPC_TIMEOUT_S)
+            has = agent.Has(
+                agent_pb2.HasRequest(sha256=art.sha256),
+                timeout=CONTROL_RPC_TIMEOUT_S,
+                metadata=self._metadata,
+            )
             if not has.present:
-                agent.Upload(_chunks(art), timeout=CONTROL_RPC_TIMEOUT_S + len(art.data) / 1e6)
+                agent.Upload(
+                    _chunks(art),
+                    timeout=CONTROL_RPC_TIMEOUT_S + len(art.data) / 1e6,
+                    metadata=self._metadata,
+                )
         except grpc.RpcError as exc:
             status = Status.DEVICE_LOST if _is_gone(exc) else Status.UPLOAD_ERROR
             return MeasureResult.failed(
@@ -171,7 +184,11 @@ class PoolRunner:
             config=serde.evaluator_config(self.evaluator),
         )
         try:
-            msg = agent.Measure(req, timeout=self.evaluator.timeout_s + MEASURE_RPC_SLACK_S)
+            msg = agent.Measure(
+                req,
+                timeout=self.evaluator.timeout_s + MEASURE_RPC_SLACK_S,
+                metadata=self._metadata,
+            )
         except grpc.RpcError as exc:
             status = Status.DEVICE_LOST if _is_gone(exc) else Status.RUNTIME_ERROR
             return MeasureResult.failed(

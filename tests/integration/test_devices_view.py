@@ -1,0 +1,43 @@
+"""`kiln devices` against a real tracker server on 127.0.0.1: once, watched, and losing it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from tracker.model import DeviceSpec
+from tracker.server import create_server
+from tuner import devices_view
+
+
+def test_watch_reports_a_lost_tracker_and_keeps_going_until_count() -> None:
+    serving = create_server("127.0.0.1:0")
+    serving.pool.register("a", "h:1", [DeviceSpec("", "x86")])
+    out, err = io.StringIO(), io.StringIO()
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 1:
+            serving.stop(grace_s=0.2)  # the tracker goes away after the first listing
+
+    try:
+        status = devices_view.run(
+            serving.address, as_json=True, watch_s=0.05, count=3, out=out, err=err, sleep=sleep
+        )
+    finally:
+        serving.stop(grace_s=0.2)
+    assert status == 0
+    [snapshot] = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(d["device"], d["state"]) for d in snapshot] == [("a/0", "FREE")]
+    errors = err.getvalue().splitlines()
+    assert len(errors) == 2
+    assert all(f"kiln: tracker {serving.address} unreachable: UNAVAILABLE" in e for e in errors)
+    assert naps == [0.05, 0.05]
+
+
+def test_unreachable_tracker_on_the_first_listing_is_exit_1_even_when_watching() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    status = devices_view.run("127.0.0.1:1", watch_s=0.05, count=5, out=out, err=err)
+    assert status == 1 and out.getvalue() == ""
+    assert len(err.getvalue().splitlines()) == 1

@@ -1,0 +1,405 @@
+"""The TrackerStore contract, run against every implementation: memory and redis (a real server).
+
+Each redis test gets its own key prefix on one session-wide redis-server, and flushes it after.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protos import fencing
+from tracker import validation
+from tracker.errors import InvalidArgument, LeaseLost
+from tracker.model import DeviceSpec, DeviceState, Lease, LeaseRequest, QueueTicket, Registration
+from tracker.store import base, open_store
+from tracker.store.base import TrackerStore
+from tracker.testing import RedisServer
+from tracker.tokens import hmac_issuer
+
+T0 = 1_000_000.0
+TTL_S = 30.0
+AGENT_TIMEOUT_S = 4.0
+QUEUE_TTL_S = 5.0
+KEY = b"k" * 32
+ISSUE = hmac_issuer(KEY)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(Path(tmp_path_factory.mktemp("redis"))) as server:
+        yield server
+
+
+@pytest.fixture
+def store_url(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[str]:
+    """ "memory", or a redis URL with a prefix of this test's own (deleted afterwards)."""
+    if request.param == "memory":
+        yield "memory"
+        return
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    yield redis_server.url(prefix=prefix)
+    client = redis_server.client()
+    keys = list(client.scan_iter(match=f"{prefix}*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[TrackerStore]:
+    store = open_store(store_url)
+    yield store
+    store.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "store_url" in metafunc.fixturenames:
+        kinds = getattr(metafunc.function, "store_kinds", ["memory", "redis"])
+        metafunc.parametrize("store_url", kinds, indirect=True)
+
+
+def redis_only(function: Any) -> Any:
+    function.store_kinds = ["redis"]
+    return function
+
+
+def registration(agent_id: str, *keys: str, address: str = "10.0.0.1:9000") -> Registration:
+    specs = [DeviceSpec(device_id="", key=key) for key in keys]
+    return validation.registration(agent_id, address, specs)
+
+
+def grant(
+    store: TrackerStore,
+    lease_id: str,
+    now: float = T0,
+    ticket: QueueTicket | None = None,
+    **request: Any,
+) -> Lease | None:
+    return store.grant(LeaseRequest(**request), lease_id, now, TTL_S, ISSUE, ticket)
+
+
+def states(store: TrackerStore) -> dict[str, DeviceState]:
+    return {record.spec.device_id: record.state for record in store.devices()}
+
+
+def enqueue(store: TrackerStore, request_id: str, now: float = T0, **request: Any) -> QueueTicket:
+    return store.enqueue(LeaseRequest(request_id=request_id, **request), now, QUEUE_TTL_S)
+
+
+def test_grant_marks_device_leased_with_a_verifiable_token(store: TrackerStore) -> None:
+    store.register(registration("a", "x86"), T0)
+    lease = grant(store, "L1", user="alice")
+    assert lease is not None
+    assert (lease.device.device_id, lease.user, lease.expires_at_unix) == (
+        "a/0",
+        "alice",
+        T0 + TTL_S,
+    )
+    claims = fencing.verify(KEY, lease.token, "L1", "a/0", now_unix=T0)
+    assert claims.fence == lease.fence == int(T0 * 1_000_000)
+    assert claims.expires_at_ms == round((T0 + TTL_S) * 1000)
+    [record] = store.devices()
+    assert (record.state, record.lease_holder) == (DeviceState.LEASED, "alice")
+    assert grant(store, "L2") is None
+
+
+def test_grant_matches_key_and_every_selected_tag(store: TrackerStore) -> None:
+    specs = [
+        DeviceSpec("", "arm", {"board": "rk3399", "mem": "4g"}),
+        DeviceSpec("", "arm", {"board": "rpi4", "mem": "4g"}),
+    ]
+    store.register(validation.registration("a", "h:1", specs), T0)
+    assert grant(store, "L0", key="x86") is None
+    assert grant(store, "L1", key="arm", tag_selector={"board": "rk3399", "mem": "8g"}) is None
+    lease = grant(store, "L2", key="arm", tag_selector={"board": "rpi4", "mem": "4g"})
+    assert lease is not None and lease.device.device_id == "a/1"
+    assert lease.device.tags == {"board": "rpi4", "mem": "4g"}
+    lease = grant(store, "L3", key="", tag_selector={"mem": "4g"})
+    assert lease is not None and lease.device.device_id == "a/0"
+
+
+def test_grant_picks_the_lowest_free_device_id(store: TrackerStore) -> None:
+    store.register(validation.registration("b", "h:2", [DeviceSpec("dev-b", "k")]), T0)
+    store.register(validation.registration("a", "h:1", [DeviceSpec("dev-a", "k")]), T0)
+    first, second = grant(store, "L1", key="k"), grant(store, "L2", key="k")
+    assert first is not None and second is not None
+    assert (first.device.device_id, second.device.device_id) == ("dev-a", "dev-b")
+
+
+def test_concurrent_grants_never_share_a_device(store: TrackerStore) -> None:
+    store.register(registration("a", *["k"] * 4), T0)
+    leases = []
+    lock = threading.Lock()
+
+    def take(index: int) -> None:
+        lease = grant(store, f"L{index}", key="k")
+        with lock:
+            leases.append(lease)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    granted = [lease.device.device_id for lease in leases if lease is not None]
+    assert sorted(granted) == ["a/0", "a/1", "a/2", "a/3"]
+
+
+def test_fence_strictly_increases_across_grants_of_a_device(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    fences = []
+    for index in range(3):  # same clock reading every time: the fence still grows
+        lease = grant(store, f"L{index}")
+        assert lease is not None
+        fences.append(lease.fence)
+        store.release(f"L{index}", T0)
+    assert fences == [fences[0], fences[0] + 1, fences[0] + 2]
+    later = grant(store, "L9", now=T0 + 1)
+    assert later is not None and later.fence == int((T0 + 1) * 1_000_000)
+
+
+def test_renew_extends_with_a_fresh_token_and_release_frees(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    granted = grant(store, "L1")
+    assert granted is not None
+    renewed = store.renew("L1", T0 + 20, 50.0, ISSUE)
+    assert renewed.expires_at_unix == T0 + 70
+    assert renewed.fence == granted.fence and renewed.token != granted.token
+    claims = fencing.verify(KEY, renewed.token, "L1", "a/0", now_unix=T0 + 69)
+    assert (claims.fence, claims.expires_at_ms) == (granted.fence, round((T0 + 70) * 1000))
+    released = store.release("L1", T0 + 21)
+    assert (released.lease_id, released.device.device_id, released.fence) == (
+        "L1",
+        "a/0",
+        granted.fence,
+    )
+    assert states(store) == {"a/0": DeviceState.FREE}
+    with pytest.raises(LeaseLost, match=base.REASON_RELEASED):
+        store.release("L1", T0 + 22)
+    with pytest.raises(LeaseLost, match=base.REASON_RELEASED):
+        store.renew("L1", T0 + 22, 10.0, ISSUE)
+    with pytest.raises(LeaseLost, match=base.REASON_UNKNOWN):
+        store.renew("nope", T0, 10.0, ISSUE)
+
+
+def test_renew_past_expiry_ends_the_lease_without_a_sweep(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    grant(store, "L1")
+    with pytest.raises(LeaseLost, match=base.REASON_EXPIRED):
+        store.renew("L1", T0 + TTL_S + 1, 10.0, ISSUE)
+    assert states(store) == {"a/0": DeviceState.FREE}
+
+
+def test_expire_frees_lapsed_leases(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    grant(store, "L1")
+    store.heartbeat("a", T0 + TTL_S)
+    assert store.expire(T0 + TTL_S - 1, AGENT_TIMEOUT_S).ended_leases == ()
+    report = store.expire(T0 + TTL_S + 1, AGENT_TIMEOUT_S)
+    assert report.ended_leases == ("L1",)
+    assert report.expired_agents == ()
+    assert states(store) == {"a/0": DeviceState.FREE}
+    with pytest.raises(LeaseLost, match=base.REASON_EXPIRED):
+        store.renew("L1", T0 + TTL_S + 2, 10.0, ISSUE)
+
+
+def test_silent_agent_loses_devices_and_leases(store: TrackerStore) -> None:
+    store.register(registration("a", "k", "k"), T0)
+    grant(store, "L1")
+    assert store.expire(T0 + AGENT_TIMEOUT_S, AGENT_TIMEOUT_S).expired_agents == ()
+    report = store.expire(T0 + AGENT_TIMEOUT_S + 0.1, AGENT_TIMEOUT_S)
+    assert report.expired_agents == ("a",)
+    assert report.lost_devices == ("a/0", "a/1")
+    assert report.ended_leases == ("L1",)
+    assert states(store) == {"a/0": DeviceState.LOST, "a/1": DeviceState.LOST}
+    assert grant(store, "L2", now=T0 + 5) is None
+    with pytest.raises(LeaseLost, match=base.REASON_AGENT_SILENT):
+        store.renew("L1", T0 + 5, 10.0, ISSUE)
+    assert store.heartbeat("a", T0 + 5) is False
+    store.register(registration("a", "k", "k"), T0 + 6)
+    assert states(store) == {"a/0": DeviceState.FREE, "a/1": DeviceState.FREE}
+    assert grant(store, "L3", now=T0 + 6) is not None
+
+
+def test_lost_devices_are_forgotten_after_the_retention(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    store.register(registration("b", "k"), T0 + 50)
+    store.expire(T0 + 10, AGENT_TIMEOUT_S, lost_device_retention_s=100.0)
+    assert states(store) == {"a/0": DeviceState.LOST, "b/0": DeviceState.FREE}
+    store.heartbeat("b", T0 + 110)
+    assert store.expire(T0 + 110, AGENT_TIMEOUT_S, 100.0).pruned_devices == ()
+    report = store.expire(T0 + 110.5, AGENT_TIMEOUT_S, 100.0)
+    assert report.pruned_devices == ("a/0",)
+    assert states(store) == {"b/0": DeviceState.FREE}
+    assert store.heartbeat("a", T0 + 111) is False
+    store.register(registration("a", "k"), T0 + 112)
+    assert states(store) == {"a/0": DeviceState.FREE, "b/0": DeviceState.FREE}
+
+
+def test_heartbeat_keeps_agent_alive(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    assert store.heartbeat("a", T0 + 3) is True
+    assert store.expire(T0 + 6, AGENT_TIMEOUT_S).expired_agents == ()
+    assert store.heartbeat("unknown", T0) is False
+
+
+def test_reregister_is_idempotent_and_keeps_leases_of_kept_devices(store: TrackerStore) -> None:
+    store.register(registration("a", "k", "k"), T0)
+    grant(store, "L0")
+    assert store.register(registration("a", "k", "k"), T0 + 1) == ()
+    assert states(store) == {"a/0": DeviceState.LEASED, "a/1": DeviceState.FREE}
+    assert store.renew("L0", T0 + 2, 10.0, ISSUE).device.device_id == "a/0"
+    lease = grant(store, "L1", now=T0 + 2)
+    assert lease is not None and lease.device.device_id == "a/1"
+
+
+def test_reregister_with_a_new_key_moves_the_device(store: TrackerStore) -> None:
+    store.register(registration("a", "old"), T0)
+    store.register(registration("a", "new"), T0 + 1)
+    assert grant(store, "L0", key="old") is None
+    assert [record.spec.device_id for record in store.devices("old")] == []
+    lease = grant(store, "L1", key="new")
+    assert lease is not None and lease.device.key == "new"
+
+
+def test_reregister_without_a_device_ends_its_lease(store: TrackerStore) -> None:
+    store.register(registration("a", "k", "k"), T0)
+    store.register(validation.registration("a", "h:1", [DeviceSpec("a/1", "k")]), T0)
+    grant(store, "L1")
+    assert store.register(registration("a", "k"), T0 + 1) == ("L1",)
+    assert states(store) == {"a/0": DeviceState.FREE}
+    with pytest.raises(LeaseLost, match=base.REASON_DEVICE_DROPPED):
+        store.renew("L1", T0 + 2, 10.0, ISSUE)
+
+
+def test_device_id_of_another_live_agent_is_refused(store: TrackerStore) -> None:
+    store.register(validation.registration("a", "h:1", [DeviceSpec("shared", "k")]), T0)
+    taken = validation.registration("b", "h:2", [DeviceSpec("shared", "k")])
+    with pytest.raises(InvalidArgument, match=r"devices\[0\]\.device_id 'shared'.*agent 'a'"):
+        store.register(taken, T0)
+    store.expire(T0 + 10, AGENT_TIMEOUT_S)
+    store.register(taken, T0 + 10)
+    [record] = store.devices()
+    assert (record.spec.agent_address, record.state) == ("h:2", DeviceState.FREE)
+
+
+def test_devices_filters_by_key(store: TrackerStore) -> None:
+    store.register(registration("a", "x86", "arm"), T0)
+    assert [record.spec.device_id for record in store.devices("arm")] == ["a/1"]
+    assert len(store.devices()) == 2
+    assert store.devices()[0].last_heartbeat_unix == T0
+
+
+def test_enqueue_hands_out_ordered_tickets_and_reattaches(store: TrackerStore) -> None:
+    first = enqueue(store, "r1", priority=0)
+    second = enqueue(store, "r2", priority=5)
+    assert first.seq < second.seq
+    again = enqueue(store, "r1", now=T0 + 1, priority=9)  # a retry: keeps its original place
+    assert again == first
+    assert [ticket.request_id for ticket, _ in store.queued(T0 + 1)] == ["r2", "r1"]
+    store.dequeue("r2")
+    store.dequeue("absent")
+    assert [ticket.request_id for ticket, _ in store.queued(T0 + 1)] == ["r1"]
+    with pytest.raises(InvalidArgument, match="request_id"):
+        store.enqueue(LeaseRequest(), T0, QUEUE_TTL_S)
+
+
+def test_grant_serves_the_queue_in_order(store: TrackerStore) -> None:
+    store.register(registration("a", "k", "k"), T0)
+    assert grant(store, "L0", key="k") is not None
+    assert grant(store, "L00", key="k") is not None
+    early = enqueue(store, "early", key="k")
+    late = enqueue(store, "late", key="k")
+    store.release("L0", T0)  # one device free: early's, not late's nor a newcomer's
+    assert grant(store, "L1", key="k") is None
+    assert grant(store, "L2", ticket=late, key="k") is None
+    lease = grant(store, "L3", ticket=early, key="k")
+    assert lease is not None and lease.device.device_id == "a/0"
+    assert [ticket.request_id for ticket, _ in store.queued(T0)] == ["late"]
+    assert grant(store, "L4", ticket=late, key="k") is None  # a/1 is still leased
+
+
+def test_grant_leaves_a_queued_request_only_what_it_would_not_take(store: TrackerStore) -> None:
+    specs = [DeviceSpec("", "k"), DeviceSpec("", "k"), DeviceSpec("", "gpu")]
+    store.register(validation.registration("a", "h:1", specs), T0)
+    enqueue(store, "any", priority=1)  # claims the lowest id of all: a/0
+    lease = grant(store, "L1", key="k")
+    assert lease is not None and lease.device.device_id == "a/1"
+    assert grant(store, "L2", key="k") is None
+    lower = grant(store, "L3", key="gpu", priority=0)
+    assert lower is not None and lower.device.device_id == "a/2"
+    higher = grant(store, "L4", key="", priority=2)  # outranks the queued request
+    assert higher is not None and higher.device.device_id == "a/0"
+
+
+def test_expired_queue_entries_stop_blocking_and_are_swept(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    enqueue(store, "dead-tracker", key="k")
+    assert grant(store, "L1", now=T0 + 1, key="k") is None
+    lease = grant(store, "L2", now=T0 + QUEUE_TTL_S, key="k")
+    assert lease is not None
+    assert store.expire(T0 + QUEUE_TTL_S, AGENT_TIMEOUT_S).dropped_requests == ("dead-tracker",)
+    assert store.queued(T0) == []
+    fresh = enqueue(store, "dead-tracker", now=T0 + 6, key="k")
+    assert fresh.seq > 0 and store.queued(T0 + 6)[0][0] == fresh
+
+
+def test_keep_queued_refreshes_and_recreates_entries(store: TrackerStore) -> None:
+    ticket = enqueue(store, "r1", key="k")
+    request = LeaseRequest(key="k", request_id="r1")
+    store.keep_queued([(ticket, request)], T0 + 4, QUEUE_TTL_S)
+    assert store.expire(T0 + 6, AGENT_TIMEOUT_S).dropped_requests == ()
+    store.dequeue("r1")
+    store.keep_queued([(ticket, request)], T0 + 7, QUEUE_TTL_S)
+    assert store.queued(T0 + 7) == [(ticket, request)]
+
+
+@redis_only
+def test_redis_state_outlives_the_store_object(store_url: str) -> None:
+    """What a tracker restart keeps: registrations, leases, fences, queued requests."""
+    first = open_store(store_url)
+    first.register(registration("a", "k", "k"), T0)
+    lease = grant(first, "L1", key="k")
+    ticket = enqueue(first, "r1", key="k", priority=3)
+    first.close()
+    second = open_store(store_url)
+    try:
+        assert states(second) == {"a/0": DeviceState.LEASED, "a/1": DeviceState.FREE}
+        assert second.heartbeat("a", T0 + 1) is True
+        renewed = second.renew("L1", T0 + 1, TTL_S, ISSUE)
+        assert lease is not None and renewed.fence == lease.fence
+        assert enqueue(second, "r1", now=T0 + 1, key="k") == ticket
+        second.release("L1", T0 + 2)
+        again = grant(second, "L2", now=T0 - 100, ticket=ticket, key="k")  # clock went back
+        assert again is not None and again.fence == lease.fence + 1
+    finally:
+        second.close()
+
+
+@redis_only
+def test_two_redis_store_objects_never_grant_one_device_twice(store_url: str) -> None:
+    stores = [open_store(store_url) for _ in range(2)]
+    stores[0].register(registration("a", *["k"] * 3), T0)
+    leases: list[Lease | None] = []
+    lock = threading.Lock()
+
+    def take(index: int) -> None:
+        lease = grant(stores[index % 2], f"L{index}", key="k")
+        with lock:
+            leases.append(lease)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    for store in stores:
+        store.close()
+    granted = sorted(lease.device.device_id for lease in leases if lease is not None)
+    assert granted == ["a/0", "a/1", "a/2"]

@@ -1,0 +1,389 @@
+"""The durable store: all state in Redis, every transition one Lua script (tracker/store/redis_lua).
+
+Several tracker processes (replicas, or one tracker across restarts) may share one Redis: grants
+are atomic in Redis, the wait queue is a Redis hash, and a change that may let another replica's
+waiter in (a device freed, a request leaving the queue) is published on `<prefix>events`, which
+`watch` listens to. The pool also re-dispatches on every reap, so a missed message delays a grant
+by at most one reap interval.
+
+A Redis that cannot be reached raises StoreUnavailable naming the URL and the cause; the tracker
+keeps serving and the servicer answers UNAVAILABLE. A lost connection is retried once (redis-py
+`Retry`), so a pooled connection that died with a Redis restart is replaced transparently. A retry
+re-runs a script whose reply was lost: grant and renew are then harmless (the first lease ends by
+TTL; a renew extends twice), a release answers released=false with "lease released".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import threading
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from tracker.errors import InvalidArgument, LeaseLost, StoreUnavailable, UnknownStore
+from tracker.model import (
+    DeviceRecord,
+    DeviceSpec,
+    DeviceState,
+    ExpiryReport,
+    Lease,
+    LeaseRequest,
+    QueueTicket,
+    Registration,
+)
+from tracker.store import base, redis_lua
+from tracker.tokens import TokenIssuer
+
+_LOG = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "kiln:"
+# A Redis that does not answer within this long counts as unreachable for this call.
+_SOCKET_TIMEOUT_S = 5.0
+_CONNECT_TIMEOUT_S = 2.0
+# How long the watcher waits for a message before re-checking that it should stop.
+_WATCH_POLL_S = 0.5
+# Pause of the watcher after a lost connection, before it reconnects.
+_WATCH_RETRY_S = 0.5
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _unavailable(method: _Method) -> _Method:
+    """Turn redis connection errors into StoreUnavailable naming the server."""
+
+    @functools.wraps(method)
+    def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnavailable(f"redis store {self.url} unreachable: {error}") from error
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _spec_json(spec: DeviceSpec) -> str:
+    return json.dumps(
+        {
+            "device_id": spec.device_id,
+            "key": spec.key,
+            "tags": dict(spec.tags),
+            "agent_address": spec.agent_address,
+            "backend": spec.backend,
+        },
+        separators=(",", ":"),
+    )
+
+
+def _spec(text: str | bytes) -> DeviceSpec:
+    return _spec_of(json.loads(text))
+
+
+def _spec_of(fields: dict[str, Any]) -> DeviceSpec:
+    return DeviceSpec(
+        device_id=fields["device_id"],
+        key=fields["key"],
+        tags=fields["tags"] or {},  # Lua's cjson writes an empty table as {} either way
+        agent_address=fields["agent_address"],
+        backend=fields["backend"],
+    )
+
+
+def _request_json(request: LeaseRequest) -> str:
+    return json.dumps(
+        {
+            "key": request.key,
+            "tags": dict(request.tag_selector),
+            "priority": request.priority,
+            "user": request.user,
+            "timeout_s": request.timeout_s,
+            "lease_ttl_s": request.lease_ttl_s,
+            "request_id": request.request_id,
+        },
+        separators=(",", ":"),
+    )
+
+
+def _request(text: str) -> LeaseRequest:
+    fields = json.loads(text)
+    return LeaseRequest(
+        key=fields["key"],
+        tag_selector=fields["tags"] or {},
+        priority=fields["priority"],
+        user=fields["user"],
+        timeout_s=fields["timeout_s"],
+        lease_ttl_s=fields["lease_ttl_s"],
+        request_id=fields["request_id"],
+    )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """Split a store URL into (redis-py URL, key prefix).
+
+    `redis://host:port/db?prefix=P` and `redis+unix:///path/to.sock?db=N&prefix=P` are accepted;
+    the prefix defaults to DEFAULT_PREFIX.
+
+    Raises:
+        UnknownStore: another scheme, or no host / socket path.
+    """
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
+    rest = urllib.parse.urlencode({name: values[-1] for name, values in query.items()})
+    if parts.scheme == "redis":
+        if not parts.hostname:
+            raise UnknownStore(f"store URL {url!r} names no host (redis://host:port/db)")
+        client_url = urllib.parse.urlunsplit(("redis", parts.netloc, parts.path, rest, ""))
+    elif parts.scheme == "redis+unix":
+        if not parts.path:
+            raise UnknownStore(f"store URL {url!r} names no socket (redis+unix:///path)")
+        client_url = f"unix://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
+    else:
+        raise UnknownStore(f"store URL {url!r}: scheme must be redis:// or redis+unix://")
+    return client_url, prefix
+
+
+class RedisStore(base.TrackerStore):
+    """TrackerStore in Redis; see the module docstring for the guarantees across processes."""
+
+    def __init__(self, url: str, client: redis.Redis | None = None) -> None:
+        """Connect lazily to the store at `url` (see parse_url).
+
+        Args:
+            client: an existing client to use instead of one made from the URL (tests).
+
+        Raises:
+            UnknownStore: the URL is malformed.
+        """
+        client_url, self.prefix = parse_url(url)
+        self.url = url
+        self._redis: Any = client or redis.Redis.from_url(
+            client_url,
+            decode_responses=True,
+            socket_timeout=_SOCKET_TIMEOUT_S,
+            socket_connect_timeout=_CONNECT_TIMEOUT_S,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+            health_check_interval=10,
+        )
+        scripts = {
+            "register": redis_lua.REGISTER,
+            "heartbeat": redis_lua.HEARTBEAT,
+            "grant": redis_lua.GRANT,
+            "renew_or_release": redis_lua.RENEW_OR_RELEASE,
+            "expire": redis_lua.EXPIRE,
+            "devices": redis_lua.DEVICES,
+            "enqueue": redis_lua.ENQUEUE,
+            "dequeue": redis_lua.DEQUEUE,
+        }
+        self._scripts = {name: self._redis.register_script(code) for name, code in scripts.items()}
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def _run(self, name: str, *args: str | int) -> Any:
+        return self._scripts[name](args=[self.prefix, *args])
+
+    @_unavailable
+    def ping(self) -> None:
+        """Check that Redis answers.
+
+        Raises:
+            StoreUnavailable: it does not.
+        """
+        self._redis.ping()
+
+    @_unavailable
+    def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
+        devices = [
+            {"id": spec.device_id, "key": spec.key, "spec": _spec_json(spec)}
+            for spec in registration.devices
+        ]
+        reply = self._run(
+            "register",
+            registration.agent_id,
+            registration.agent_address,
+            repr(now_unix),
+            json.dumps(devices, separators=(",", ":")),
+        )
+        if reply[0] == "taken":
+            _, index, device_id, owner = reply
+            raise InvalidArgument(
+                f"devices[{index}].device_id {device_id!r} is registered by live agent {owner!r}"
+            )
+        return tuple(reply[1:])
+
+    @_unavailable
+    def heartbeat(self, agent_id: str, now_unix: float) -> bool:
+        return bool(self._run("heartbeat", agent_id, repr(now_unix)))
+
+    @_unavailable
+    def grant(
+        self,
+        request: LeaseRequest,
+        lease_id: str,
+        now_unix: float,
+        ttl_s: float,
+        issue_token: TokenIssuer,
+        ticket: QueueTicket | None = None,
+    ) -> Lease | None:
+        expires_at_unix = now_unix + ttl_s
+        reply = self._run(
+            "grant",
+            json.dumps({"key": request.key, "tags": dict(request.tag_selector)}),
+            lease_id,
+            repr(now_unix),
+            repr(expires_at_unix),
+            int(now_unix * 1_000_000),
+            request.user,
+            ticket.request_id if ticket else "",
+            ticket.priority if ticket else 0,
+            ticket.seq if ticket else 0,
+            request.priority,
+        )
+        if not reply:
+            return None
+        device_id, spec_text, fence_text = reply
+        fence = int(fence_text)
+        token = issue_token(lease_id, device_id, fence, expires_at_unix)
+        return Lease(lease_id, _spec(spec_text), expires_at_unix, token, request.user, fence)
+
+    @_unavailable
+    def renew(
+        self, lease_id: str, now_unix: float, ttl_s: float, issue_token: TokenIssuer
+    ) -> Lease:
+        expires_at_unix = now_unix + ttl_s
+        lease = self._lease_reply(
+            self._run("renew_or_release", lease_id, repr(now_unix), repr(expires_at_unix)),
+            lease_id,
+        )
+        token = issue_token(lease_id, lease.device.device_id, lease.fence, expires_at_unix)
+        return Lease(lease_id, lease.device, expires_at_unix, token, lease.user, lease.fence)
+
+    @_unavailable
+    def release(self, lease_id: str, now_unix: float) -> Lease:
+        return self._lease_reply(
+            self._run("renew_or_release", lease_id, repr(now_unix), ""), lease_id
+        )
+
+    @staticmethod
+    def _lease_reply(reply: list[str], lease_id: str) -> Lease:
+        if reply[0] == "lost":
+            raise LeaseLost(reply[1])
+        _, _, spec_text, fence, user, expires = reply
+        return Lease(lease_id, _spec(spec_text), float(expires), "", user, int(fence))
+
+    @_unavailable
+    def expire(
+        self,
+        now_unix: float,
+        agent_timeout_s: float,
+        lost_device_retention_s: float = math.inf,
+    ) -> ExpiryReport:
+        retention = "-1" if math.isinf(lost_device_retention_s) else repr(lost_device_retention_s)
+        reply = self._run("expire", repr(now_unix), repr(agent_timeout_s), retention)
+        agents, lost, ended, pruned, dropped = (tuple(part) for part in reply)
+        return ExpiryReport(agents, lost, ended, pruned, dropped)
+
+    @_unavailable
+    def devices(self, key: str = "") -> list[DeviceRecord]:
+        records = []
+        for spec, state, heartbeat, holder in json.loads(self._run("devices", key)):
+            records.append(
+                DeviceRecord(_spec_of(spec), DeviceState(state), holder, float(heartbeat))
+            )
+        return records
+
+    @_unavailable
+    def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
+        if not request.request_id:
+            raise InvalidArgument("request_id must not be empty to queue a request")
+        priority, seq = self._run(
+            "enqueue",
+            request.request_id,
+            _request_json(request),
+            request.priority,
+            repr(now_unix),
+            repr(now_unix + ttl_s),
+        )
+        return QueueTicket(request.request_id, int(priority), int(seq))
+
+    @_unavailable
+    def keep_queued(
+        self,
+        entries: Sequence[tuple[QueueTicket, LeaseRequest]],
+        now_unix: float,
+        ttl_s: float,
+    ) -> None:
+        expires = repr(now_unix + ttl_s)
+        mapping = {
+            ticket.request_id: json.dumps(
+                {"r": _request_json(request), "p": ticket.priority, "s": ticket.seq, "x": expires},
+                separators=(",", ":"),
+            )
+            for ticket, request in entries
+        }
+        if mapping:
+            self._redis.hset(self.prefix + "q", mapping=mapping)
+
+    @_unavailable
+    def dequeue(self, request_id: str) -> None:
+        self._run("dequeue", request_id)
+
+    @_unavailable
+    def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
+        live = []
+        for request_id, text in self._redis.hgetall(self.prefix + "q").items():
+            entry = json.loads(text)
+            if float(entry["x"]) > now_unix:
+                ticket = QueueTicket(_text(request_id), int(entry["p"]), int(entry["s"]))
+                live.append((ticket, _request(entry["r"])))
+        live.sort(key=lambda item: item[0].order)
+        return live
+
+    def watch(self, on_change: Callable[[], None]) -> None:
+        """Listen on `<prefix>events` in a daemon thread and call `on_change` per message."""
+        if self._watcher is not None:
+            raise RuntimeError("RedisStore.watch may be called once")
+        self._watcher = threading.Thread(
+            target=self._watch, args=(on_change,), name="kiln-store-watch", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self, on_change: Callable[[], None]) -> None:
+        pubsub = None
+        while not self._stop.is_set():
+            try:
+                if pubsub is None:
+                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(self.prefix + "events")
+                    on_change()  # messages may have been missed while not subscribed
+                message = pubsub.get_message(timeout=_WATCH_POLL_S)
+                if message is not None and message.get("type") == "message":
+                    on_change()
+            except (redis.ConnectionError, redis.TimeoutError, StoreUnavailable) as error:
+                _LOG.warning("store watch: redis %s unreachable (%s); retrying", self.url, error)
+                if pubsub is not None:
+                    pubsub.close()
+                pubsub = None
+                self._stop.wait(_WATCH_RETRY_S)
+            except Exception:
+                _LOG.exception("store watch callback failed")
+        if pubsub is not None:
+            pubsub.close()
+
+    def close(self) -> None:
+        """Stop the watcher and close the connections."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(_WATCH_POLL_S + _SOCKET_TIMEOUT_S)
+        self._redis.close()
