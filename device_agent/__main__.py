@@ -1,15 +1,22 @@
 """kiln-agent: serve this machine's devices to a Kiln pool.
 
-    kiln-agent --tracker HOST:PORT --key KEY [--tag k=v ...] [--backend cpu|null] [--devices N]
+    kiln-agent --tracker HOST:PORT --key KEY [--tag k=v ...] [--backend cpu|qemu|null] [--devices N]
+               [--token-file F] [--insecure] [--tls-cert C --tls-key K [--tls-client-ca CA]]
+               [--tracker-tls-ca CA [--tracker-tls-cert C --tracker-tls-key K]]
                [--listen 127.0.0.1:0] [--advertise-host 127.0.0.1] [--cache-dir D]
+               [--cache-max-bytes N] [--pin-cores 0,1|auto] [--quarantine-after 3]
                [--ready-file PATH] [--agent-id ID] [--log-level info]
 
-Without --tracker the agent serves standalone. SIGTERM or SIGINT stops it gracefully (exit 0).
+Without --tracker the agent serves standalone. Without --token-file it runs open (dev mode: any
+caller may upload and run code) and so refuses a non-loopback --listen unless --insecure is given.
+Exit status 2 means a bad command line (or an insecure listen address), 1 that the agent could not
+start. SIGTERM or SIGINT stops it gracefully (exit 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -20,6 +27,7 @@ from types import FrameType
 
 from device_agent.config import DEFAULT_CACHE_DIR, AgentConfig
 from device_agent.server import create_server
+from protos.auth import SecretsError, TlsFiles, load_secrets
 
 _LOG = logging.getLogger("device_agent")
 
@@ -31,6 +39,36 @@ def _tag(text: str) -> tuple[str, str]:
     return key, value
 
 
+def parse_pin_cores(text: str, devices: int) -> tuple[int, ...]:
+    """`auto` (devices spread over the cores this process may use) or a comma list of cores.
+
+    Raises:
+        ValueError: a malformed list, or a core this process may not use.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    if text == "auto":
+        return tuple(allowed[i % len(allowed)] for i in range(devices))
+    try:
+        cores = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--pin-cores wants 'auto' or a list like 0,1; got {text!r}") from None
+    bad = [c for c in cores if c not in allowed]
+    if bad:
+        raise ValueError(f"--pin-cores {text}: core(s) {bad} not usable here (allowed: {allowed})")
+    return cores
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether the host part of `listen` (HOST:PORT, [V6]:PORT) is a loopback address."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (exits 2 with a message on bad flags)."""
     defaults = AgentConfig()
@@ -38,24 +76,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tracker", default="", help="tracker HOST:PORT; omit to serve standalone")
     p.add_argument("--key", required=True, help='what clients ask for, e.g. "x86-avx512"')
     p.add_argument("--tag", type=_tag, action="append", default=[], help="extra device tag k=v")
-    p.add_argument("--backend", default=defaults.backend, help="cpu, null, ...")
+    p.add_argument("--backend", default=defaults.backend, help="cpu, qemu, null, ...")
     p.add_argument("--devices", type=int, default=defaults.devices)
     p.add_argument("--listen", default="127.0.0.1:0", help="address to bind; port 0 picks one")
     p.add_argument("--advertise-host", default=defaults.advertise_host)
     p.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
     p.add_argument("--max-artifact-bytes", type=int, default=defaults.max_artifact_bytes)
     p.add_argument(
+        "--cache-max-bytes",
+        type=int,
+        default=defaults.cache_max_bytes,
+        help="bound on the artifact cache; least recently used artifacts go first",
+    )
+    p.add_argument(
         "--executor-address-space-bytes",
         type=int,
         default=defaults.executor_address_space_bytes,
         help="RLIMIT_AS of each executor child; 0 = unlimited",
     )
+    p.add_argument(
+        "--quarantine-after",
+        type=int,
+        default=defaults.quarantine_after,
+        help="refuse an entry after this many CRASH/TIMEOUT results (0 = never); reset by restart",
+    )
+    p.add_argument("--pin-cores", default="", help="'auto' or cores for devices 0,1,... e.g. 0,1")
+    p.add_argument("--token-file", help="pool secrets (agent, client, lease_key); see protos.auth")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --listen without --token-file (anyone may run code here)",
+    )
+    p.add_argument("--lease-leeway-s", type=float, default=defaults.lease_leeway_s)
+    p.add_argument("--tls-cert", help="PEM certificate of this agent's server")
+    p.add_argument("--tls-key", help="PEM private key of this agent's server")
+    p.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mTLS)")
+    p.add_argument("--tracker-tls-ca", help="reach the tracker over TLS, trusting this CA")
+    p.add_argument("--tracker-tls-cert", help="client certificate for the tracker (mTLS)")
+    p.add_argument("--tracker-tls-key", help="client key for the tracker (mTLS)")
     p.add_argument("--ready-file", help='write "<advertise-host>:<port>" here once serving')
     p.add_argument("--agent-id", default="", help="default: <hostname>-<pid>-<random>")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if args.devices < 1:
         p.error("--devices must be at least 1")
+    if args.cache_max_bytes < 1:
+        p.error("--cache-max-bytes must be positive")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        p.error("--tls-client-ca needs --tls-cert and --tls-key")
+    if not args.token_file and not args.insecure and not is_loopback(args.listen):
+        p.error(
+            f"refusing to listen on {args.listen} without --token-file: anyone who can reach it "
+            "could run native code here (pass --insecure on a network you trust)"
+        )
+    try:
+        args.pin_cores = parse_pin_cores(args.pin_cores, args.devices) if args.pin_cores else ()
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -71,13 +150,13 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the agent until SIGTERM or SIGINT."""
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    config = AgentConfig(
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    """The agent's config from parsed flags (reads the token file).
+
+    Raises:
+        SecretsError: the token file is unreadable or malformed.
+    """
+    return AgentConfig(
         key=args.key,
         backend=args.backend,
         devices=args.devices,
@@ -87,8 +166,30 @@ def main(argv: list[str] | None = None) -> int:
         tracker_address=args.tracker,
         cache_dir=args.cache_dir,
         max_artifact_bytes=args.max_artifact_bytes,
+        cache_max_bytes=args.cache_max_bytes,
         executor_address_space_bytes=args.executor_address_space_bytes,
+        quarantine_after=args.quarantine_after,
+        pin_cores=args.pin_cores,
+        secrets=load_secrets(args.token_file) if args.token_file else None,
+        lease_leeway_s=args.lease_leeway_s,
+        tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca),
+        tracker_tls=TlsFiles(args.tracker_tls_cert, args.tracker_tls_key, args.tracker_tls_ca),
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the agent until SIGTERM or SIGINT."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = config_from_args(args)
+    except SecretsError as e:
+        _LOG.error("cannot start the agent: %s", e)
+        return 2
+    if config.secrets is None:
+        _LOG.warning("no --token-file: running open (dev mode), leases are not checked")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -99,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         server, port, _ = create_server(args.listen, config)
-    except (ValueError, RuntimeError, OSError) as e:
+    except (ValueError, RuntimeError, OSError, SecretsError) as e:
         _LOG.error("cannot start the agent: %s", e)
         return 1
     try:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import importlib.metadata
 import logging
 import os
 import platform
+import re
 import secrets
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
@@ -33,9 +37,12 @@ from device_agent.domain import (
 from device_agent.errors import InvalidRequestError, UnknownDeviceError
 from device_agent.executor import Executor
 from device_agent.jobs import MEASURE, RUN, Job, JobResult, ReferenceCheck
-from device_agent.leases import AcceptAllLeases, LeaseVerifier
+from device_agent.leases import AcceptAllLeases, FencingLeases, LeaseVerifier
+from device_agent.quarantine import Quarantine
+from device_agent.telemetry import TelemetryReader
 
 _LOG = logging.getLogger(__name__)
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 class _Unresolved(Exception):
@@ -51,6 +58,7 @@ def default_agent_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+@functools.cache
 def agent_version() -> str:
     """The installed kiln version, or "unknown" when running from an uninstalled checkout."""
     try:
@@ -65,29 +73,56 @@ class Agent:
     def __init__(
         self, config: AgentConfig, address: str, lease_verifier: LeaseVerifier | None = None
     ) -> None:
+        """Set up the cache and the backend, and start one executor per device.
+
+        Raises:
+            ValueError: an unknown backend, or a pinned core this process may not use.
+            RuntimeError: the backend cannot work on this machine.
+        """
         self.config = config
         self.agent_id = config.agent_id or default_agent_id()
         self.backend = get_backend(config.backend)
-        self.cache = ArtifactCache(config.cache_dir, config.max_artifact_bytes)
-        self._leases: LeaseVerifier = lease_verifier or AcceptAllLeases()
+        state_dir = os.path.join(os.path.abspath(config.cache_dir), "backends", self.backend.name)
+        self.backend.prepare(state_dir)
+        self.cache = ArtifactCache(
+            config.cache_dir, config.max_artifact_bytes, config.cache_max_bytes
+        )
+        self._leases: LeaseVerifier = lease_verifier or _default_leases(config)
+        self._quarantine = Quarantine(config.quarantine_after)
+        self._telemetry = TelemetryReader()
         tags = {"arch": platform.machine(), **self.backend.device_tags(), **config.tags}
         self.devices = tuple(
             DeviceSpec(f"{self.agent_id}/{i}", config.key, dict(tags), address, self.backend.name)
             for i in range(config.devices)
         )
-        self._executors = {
-            d.device_id: Executor(
-                d.device_id,
-                self.backend,
-                config.executor_address_space_bytes,
-                config.device_wait_s,
-            )
-            for d in self.devices
-        }
+        allowed = os.sched_getaffinity(0)
+        for core in config.pin_cores:
+            if core not in allowed:
+                raise ValueError(
+                    f"cannot pin to core {core}: this process may use {sorted(allowed)}"
+                )
+        pins = config.pin_cores
+        self._executors: dict[str, Executor] = {}
+        try:
+            for i, d in enumerate(self.devices):
+                self._executors[d.device_id] = Executor(
+                    d.device_id,
+                    self.backend,
+                    config.executor_address_space_bytes,
+                    config.device_wait_s,
+                    pin_core=pins[i % len(pins)] if pins else None,
+                    state_dir=state_dir,
+                )
+        except BaseException:
+            self.close()
+            raise
 
     def begin_upload(self, meta: ArtifactMeta) -> PendingArtifact:
         """Start storing an artifact (see `ArtifactCache.begin`)."""
         for entry in meta.entries:
+            validate_symbol(entry.symbol)
+            if entry.timing_symbol:
+                validate_symbol(entry.timing_symbol)
             for arg in entry.args:
                 _validate_spec(arg)
         return self.cache.begin(meta)
@@ -107,31 +142,42 @@ class Agent:
         """
         executor = self._executor(request.device_id)
         sha = validate_sha256(request.artifact_sha256)
+        validate_symbol(request.symbol)
+        ref_sha = None
+        if request.check is not None and request.check.reference_sha256:
+            ref_sha = validate_sha256(request.check.reference_sha256)
+            if request.check.reference_symbol:
+                validate_symbol(request.check.reference_symbol)
         result = self._authorize(request.device_id, request.lease_id, request.lease_token)
         if result is None:
             try:
-                path, entry = self._resolve(sha, request.symbol)
-                check = None
-                if request.check is not None and request.check.reference_sha256:
-                    ref_sha = validate_sha256(request.check.reference_sha256)
-                    ref_path, ref_entry = self._resolve(
-                        ref_sha, request.check.reference_symbol or request.symbol, "reference "
-                    )
-                    check = ReferenceCheck(
-                        ref_path, ref_entry, request.check.rtol, request.check.atol
-                    )
+                with ExitStack() as held:
+                    path, entry = held.enter_context(self._resolved(sha, request.symbol))
+                    check = None
+                    if request.check is not None and ref_sha is not None:
+                        ref_path, ref_entry = held.enter_context(
+                            self._resolved(
+                                ref_sha,
+                                request.check.reference_symbol or request.symbol,
+                                "reference ",
+                            )
+                        )
+                        check = ReferenceCheck(
+                            ref_path, ref_entry, request.check.rtol, request.check.atol
+                        )
+                    job = Job(MEASURE, path, entry, request.seed, request.config, check)
+                    timeout_s = self._timeout_s(request.config.timeout_s)
+                    result = executor.submit(job, timeout_s, cancelled)
+                    self._quarantine.record(sha, entry.symbol, result.status, result.error)
             except _Unresolved as e:
                 result = JobResult(e.status, error=str(e))
-            else:
-                job = Job(MEASURE, path, entry, request.seed, request.config, check)
-                result = executor.submit(job, self._timeout_s(request.config.timeout_s), cancelled)
         return MeasureResult(
             status=result.status,
             samples_s=result.samples_s,
             error=result.error,
             signal=result.signal,
             number_used=result.number_used,
-            telemetry=self.backend.telemetry(),
+            telemetry=self.backend.telemetry(self._telemetry()),
             device_id=request.device_id,
             emulated=self.backend.emulated,
         )
@@ -145,22 +191,28 @@ class Agent:
         """
         executor = self._executor(request.device_id)
         sha = validate_sha256(request.artifact_sha256)
+        validate_symbol(request.symbol)
         result = self._authorize(request.device_id, request.lease_id, request.lease_token)
         if result is None:
             try:
-                path, entry = self._resolve(sha, request.symbol)
+                with self._resolved(sha, request.symbol) as (path, entry):
+                    if request.inputs is not None:
+                        _check_inputs(entry, request.inputs)
+                    job = Job(RUN, path, entry, request.seed, inputs=request.inputs)
+                    result = executor.submit(job, self._timeout_s(request.timeout_s), cancelled)
+                    self._quarantine.record(sha, entry.symbol, result.status, result.error)
             except _Unresolved as e:
                 result = JobResult(e.status, error=str(e))
-            else:
-                if request.inputs is not None:
-                    _check_inputs(entry, request.inputs)
-                job = Job(RUN, path, entry, request.seed, inputs=request.inputs)
-                result = executor.submit(job, self._timeout_s(request.timeout_s), cancelled)
         return RunResult(result.status, result.outputs, result.error, result.signal)
 
     def info(self) -> AgentInfo:
         """Who this agent is and what it serves."""
-        return AgentInfo(self.agent_id, self.devices, self.backend.telemetry(), agent_version())
+        telemetry = self.backend.telemetry(self._telemetry())
+        return AgentInfo(self.agent_id, self.devices, telemetry, agent_version())
+
+    def executor_pids(self) -> dict[str, int | None]:
+        """Device id -> pid of its executor child (None when it has none right now)."""
+        return {device_id: e.child_pid for device_id, e in self._executors.items()}
 
     def close(self) -> None:
         """Kill every executor (in parallel: each may wait for its child to die)."""
@@ -176,26 +228,58 @@ class Agent:
             raise UnknownDeviceError(f"no device {device_id!r} on agent {self.agent_id}") from None
 
     def _authorize(self, device_id: str, lease_id: str, lease_token: str) -> JobResult | None:
-        if self._leases.verify(device_id, lease_id, lease_token):
+        reason = self._leases.check(device_id, lease_id, lease_token)
+        if reason is None:
             return None
-        return JobResult(Status.UNAUTHORIZED, error=f"lease {lease_id!r} is not valid here")
+        _LOG.warning("refused a request on %s: %s", device_id, reason)
+        return JobResult(Status.UNAUTHORIZED, error=reason)
 
-    def _resolve(self, sha: str, symbol: str, what: str = "") -> tuple[str, EntryPoint]:
-        cached = self.cache.get(sha)
+    @contextmanager
+    def _resolved(self, sha: str, symbol: str, what: str = "") -> Iterator[tuple[str, EntryPoint]]:
+        """The cached artifact's path and entry, held in the cache (not evictable) meanwhile.
+
+        Raises:
+            _Unresolved: not cached, a format the backend cannot load, no such entry, quarantined.
+        """
+        cached = self.cache.acquire(sha)
         if cached is None:
             raise _Unresolved(Status.LOAD_ERROR, f"{what}artifact {sha} not in cache")
-        if cached.meta.format not in self.backend.formats:
-            raise _Unresolved(
-                Status.LOAD_ERROR,
-                f"backend {self.backend.name} cannot load {what}artifact format {cached.meta.format}",
-            )
-        entry = cached.meta.entry(symbol)
-        if entry is None:
-            raise _Unresolved(Status.LOAD_ERROR, f"no entry {symbol!r} in {what}artifact {sha}")
-        return cached.path, entry
+        try:
+            if cached.meta.format not in self.backend.formats:
+                raise _Unresolved(
+                    Status.LOAD_ERROR,
+                    f"backend {self.backend.name} cannot load {what}artifact format "
+                    f"{cached.meta.format}",
+                )
+            entry = cached.meta.entry(symbol)
+            if entry is None:
+                raise _Unresolved(Status.LOAD_ERROR, f"no entry {symbol!r} in {what}artifact {sha}")
+            quarantined = self._quarantine.reason(sha, symbol)
+            if quarantined is not None:
+                raise _Unresolved(Status.RUNTIME_ERROR, f"{what}{quarantined}")
+            yield cached.path, entry
+        finally:
+            self.cache.release(sha)
 
     def _timeout_s(self, requested_s: float) -> float:
         return requested_s if requested_s > 0 else self.config.default_timeout_s
+
+
+def validate_symbol(symbol: str) -> str:
+    """`symbol` when it is a C identifier (no '/', '.', or anything a path could be made of).
+
+    Raises:
+        InvalidRequestError: it is not.
+    """
+    if not _C_IDENTIFIER.fullmatch(symbol):
+        raise InvalidRequestError(f"symbol must be a C identifier, got {symbol!r:.80}")
+    return symbol
+
+
+def _default_leases(config: AgentConfig) -> LeaseVerifier:
+    if config.secrets is None:
+        return AcceptAllLeases()
+    return FencingLeases(config.secrets.require_lease_key(), config.lease_leeway_s)
 
 
 def _validate_spec(spec: TensorSpec) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from protos.auth import PoolSecrets, TlsFiles
+
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "kiln", "agent")
 
 
@@ -14,6 +16,13 @@ class AgentConfig:
 
     `agent_id` empty means "<hostname>-<pid>-<random>"; `tracker_address` empty means serve standalone
     without registering. Device ids are "<agent_id>/<index>" for index in range(devices).
+
+    `secrets` None is dev mode: every call is accepted and leases are not checked. With secrets, the
+    agent's RPCs need the `client` (or `admin`) token, Measure and Run need a fencing token signed
+    with `lease_key`, and Register/Heartbeat carry the `agent` token.
+
+    `pin_cores` pins device i's executor child to core `pin_cores[i % len(pin_cores)]`; empty means
+    no pinning.
     """
 
     key: str = "local"
@@ -25,6 +34,8 @@ class AgentConfig:
     tracker_address: str = ""
     cache_dir: str = DEFAULT_CACHE_DIR
     max_artifact_bytes: int = 256 * 1024 * 1024
+    # Least recently used artifacts are evicted past this total (artifacts in use never are).
+    cache_max_bytes: int = 2 * 1024 * 1024 * 1024
     # Applied with RLIMIT_AS in each executor child, so a runaway allocation fails there.
     executor_address_space_bytes: int = 8 * 1024 * 1024 * 1024
     default_timeout_s: float = 60.0
@@ -34,3 +45,11 @@ class AgentConfig:
     reregister_backoff_initial_s: float = 0.1
     reregister_backoff_cap_s: float = 5.0
     stop_grace_s: float = 2.0
+    # An entry of an artifact that crashed or timed out this many times is refused (0 = never).
+    quarantine_after: int = 3
+    pin_cores: tuple[int, ...] = ()
+    secrets: PoolSecrets | None = None
+    # Accepted clock difference between the tracker's host and this one for lease expiry.
+    lease_leeway_s: float = 2.0
+    tls: TlsFiles = field(default_factory=TlsFiles)
+    tracker_tls: TlsFiles = field(default_factory=TlsFiles)

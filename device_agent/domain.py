@@ -119,9 +119,11 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class Telemetry:
-    load_1m: float = 0.0
-    cpu_mhz: float = 0.0
-    temperature_c: float = 0.0
+    """Device readings; None where the device does not expose one (omitted on the wire)."""
+
+    load_1m: float | None = None
+    cpu_mhz: float | None = None
+    temperature_c: float | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ mean the request itself cannot be served.
     ├── InvalidRequestError         INVALID_ARGUMENT     a malformed hash, missing meta, bad inputs
     └── UploadRejectedError                              nothing was stored
         ├── ArtifactTooLargeError   RESOURCE_EXHAUSTED   past --max-artifact-bytes
-        └── HashMismatchError       DATA_LOSS            the bytes do not hash to meta.sha256
+        ├── HashMismatchError       DATA_LOSS            the bytes do not hash to meta.sha256
+        └── TruncatedUploadError    DATA_LOSS            fewer (or more) bytes than meta.size_bytes
 """
 
 from __future__ import annotations
@@ -36,3 +37,7 @@ class ArtifactTooLargeError(UploadRejectedError):
 
 class HashMismatchError(UploadRejectedError):
     """The uploaded bytes do not hash to the announced sha256."""
+
+
+class TruncatedUploadError(UploadRejectedError):
+    """The upload ended with a byte count other than the meta's size_bytes."""

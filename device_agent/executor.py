@@ -2,7 +2,10 @@
 
 The child is respawned right after any death (crash, timeout kill, cancel), so the next request is
 served by a fresh process. The child runs in its own session so that killing its process group also
-ends anything a kernel forked.
+ends anything a kernel forked, and asks the kernel (PR_SET_PDEATHSIG) for SIGKILL when the agent
+dies, so a hung kernel never outlives a SIGKILLed agent. Linux sends that signal when the *thread*
+that forked the child ends, so every child is forked by one long-lived spawner thread, never by an
+RPC worker thread that may come and go. With `pin_core`, the child is pinned to that core.
 """
 
 from __future__ import annotations
@@ -10,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import selectors
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from device_agent.backends.base import Backend
 from device_agent.domain import Status
@@ -29,6 +33,8 @@ _POLL_S = 0.05
 # How long a child that closed its pipe gets to exit before it is killed.
 _REAP_S = 5.0
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One thread forks every executor child and lives as long as the agent (see the module docstring).
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-executor-spawner")
 
 
 class _DeadlineExceeded(Exception):
@@ -43,12 +49,20 @@ class Executor:
     """Runs the jobs of one device, one at a time."""
 
     def __init__(
-        self, device_id: str, backend: Backend, address_space_bytes: int, device_wait_s: float
+        self,
+        device_id: str,
+        backend: Backend,
+        address_space_bytes: int,
+        device_wait_s: float,
+        pin_core: int | None = None,
+        state_dir: str = "",
     ) -> None:
         self.device_id = device_id
         self._backend = backend
         self._address_space_bytes = address_space_bytes
         self._device_wait_s = device_wait_s
+        self._pin_core = pin_core
+        self._state_dir = state_dir
         self._busy = threading.Lock()  # one job at a time on the device
         self._state = threading.Lock()  # guards _proc and _closed
         self._proc: subprocess.Popen[bytes] | None = None
@@ -72,6 +86,12 @@ class Executor:
             return self._submit_to_child(job, time.monotonic() + timeout_s, timeout_s, cancelled)
         finally:
             self._busy.release()
+
+    @property
+    def child_pid(self) -> int | None:
+        """The pid of the current executor child, or None (unsandboxed backend, or closed)."""
+        with self._state:
+            return None if self._proc is None else self._proc.pid
 
     def close(self) -> None:
         """Kill the child and join its log thread; later submits get DEVICE_LOST."""
@@ -142,15 +162,23 @@ class Executor:
             self._backend.name,
             "--address-space-bytes",
             str(self._address_space_bytes),
+            "--parent-pid",
+            str(os.getpid()),
+            "--state-dir",
+            self._state_dir,
         ]
-        proc = subprocess.Popen(
+        proc = _SPAWNER.submit(
+            subprocess.Popen,
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,
-        )
+        ).result()
+        if self._pin_core is not None:
+            # Pinned here, before the first job can reach it (the child could race a test).
+            os.sched_setaffinity(proc.pid, {self._pin_core})
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)
         self._proc = proc
@@ -161,11 +189,17 @@ class Executor:
 
 
 class _Waiter:
-    """Pipe I/O that gives up at a deadline or when the client cancels."""
+    """Pipe I/O that gives up at a deadline or when the client cancels.
+
+    On the hot path (a fast kernel) the write fits the pipe and the answer is one read: a syscall
+    each, with a poll only when the pipe is not ready.
+    """
 
     def __init__(self, deadline: float, cancelled: threading.Event | None) -> None:
         self._deadline = deadline
         self._cancelled = cancelled
+        self._polls: dict[tuple[int, int], select.poll] = {}
+        self._buffer = bytearray()
 
     def _wait(self, fd: int, events: int) -> bool:
         remaining = self._deadline - time.monotonic()
@@ -173,29 +207,32 @@ class _Waiter:
             raise _DeadlineExceeded
         if self._cancelled is not None and self._cancelled.is_set():
             raise _Cancelled
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, events)
-            return bool(sel.select(min(remaining, _POLL_S)))
+        poll = self._polls.get((fd, events))
+        if poll is None:
+            poll = self._polls[(fd, events)] = select.poll()
+            poll.register(fd, events)
+        return bool(poll.poll(int(min(remaining, _POLL_S) * 1000) + 1))
 
     def write_all(self, fd: int, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            if self._wait(fd, selectors.EVENT_WRITE):
-                # The pipe may fill between the select and the write.
-                with contextlib.suppress(BlockingIOError):
-                    view = view[os.write(fd, view) :]
+            # The fd is non-blocking: a full pipe raises BlockingIOError, then we wait.
+            with contextlib.suppress(BlockingIOError):
+                view = view[os.write(fd, view) :]
+                continue
+            self._wait(fd, select.POLLOUT)
 
     def reader(self, fd: int) -> Callable[[int], bytes]:
         def read_exact(n: int) -> bytes:
-            parts, remaining = [], n
-            while remaining:
-                if self._wait(fd, selectors.EVENT_READ):
-                    data = os.read(fd, min(remaining, 1 << 20))
+            while len(self._buffer) < n:
+                if self._wait(fd, select.POLLIN):
+                    data = os.read(fd, max(n - len(self._buffer), 1 << 16))
                     if not data:
                         raise EOFError("executor closed its pipe")
-                    parts.append(data)
-                    remaining -= len(data)
-            return b"".join(parts)
+                    self._buffer += data
+            out = bytes(self._buffer[:n])
+            del self._buffer[:n]
+            return out
 
         return read_exact
 

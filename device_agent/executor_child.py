@@ -1,17 +1,20 @@
 """The executor child: runs one backend's jobs for the agent that spawned it, one at a time.
 
 Started by `device_agent.executor.Executor` as `python -m device_agent.executor_child --backend NAME
---address-space-bytes N`. Job frames arrive on stdin and result frames leave on stdout (see
-`framing`); stderr is the agent's log. A kernel that crashes takes only this process down.
+--address-space-bytes N --parent-pid PID [--state-dir D]`. Job frames arrive on stdin
+and result frames leave on stdout (see `framing`); stderr is the agent's log. A kernel that crashes
+takes only this process down; the agent's death takes this process down (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import faulthandler
 import logging
 import os
 import resource
+import signal
 import sys
 from typing import BinaryIO
 
@@ -28,14 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="device_agent.executor_child")
     parser.add_argument("--backend", required=True)
     parser.add_argument("--address-space-bytes", type=int, default=0)
+    parser.add_argument("--parent-pid", type=int, default=0)
+    parser.add_argument("--state-dir", default="")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="executor %(process)d: %(message)s")
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
     proto_in, proto_out = _claim_pipes()
+    # A crashing kernel must not leave core files in the agent's working directory.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _limit_address_space(args.address_space_bytes)
     # On a fatal signal, print the Python stack to the agent log, then die of the same signal so
     # the agent still reads the signal from the exit status.
     faulthandler.enable()
     backend = get_backend(args.backend)
+    backend.prepare(args.state_dir)
     read_exact = file_reader(proto_in)
     while True:
         try:
@@ -51,6 +61,18 @@ def main(argv: list[str] | None = None) -> int:
             )
         proto_out.write(encode_frame(*result_to_frame(result)))
         proto_out.flush()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux for SIGKILL when the parent dies; exit now if it already has (it raced us)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        _LOG.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if os.getppid() != parent_pid:
+        os._exit(0)
 
 
 def _claim_pipes() -> tuple[BinaryIO, BinaryIO]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +14,8 @@ from device_agent.framing import Frame
 
 MEASURE = "measure"
 RUN = "run"
+# A tuning run measures the same few entries over and over: encode each once (read-only use).
+_entry_dict = functools.lru_cache(maxsize=512)(entry_to_dict)
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,20 @@ def job_to_frame(job: Job) -> Frame:
     header: dict[str, Any] = {
         "kind": job.kind,
         "artifact_path": job.artifact_path,
-        "entry": entry_to_dict(job.entry),
+        "entry": _entry_dict(job.entry),
         "seed": job.seed,
-        "timing": dataclasses.asdict(job.timing),
+        "timing": dict(vars(job.timing)),
         "check": None,
         "inputs": None,
     }
     if job.check is not None:
-        header["check"] = {**dataclasses.asdict(job.check), "entry": entry_to_dict(job.check.entry)}
+        check = job.check
+        header["check"] = {
+            "path": check.path,
+            "entry": _entry_dict(check.entry),
+            "rtol": check.rtol,
+            "atol": check.atol,
+        }
     blobs: list[bytes] = []
     if job.inputs is not None:
         header["inputs"] = _arrays_to_header(job.inputs, blobs)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import grpc
 
 from protos import tracker_pb2_grpc
+from protos.auth import TlsFiles, call_metadata, open_channel
 
 _LOG = logging.getLogger(__name__)
 # Used when the tracker answers a zero interval, and the floor that keeps a bad one from spinning.
@@ -31,6 +32,8 @@ class Registrar:
         heartbeat_request: builds the HeartbeatRequest.
         rpc_timeout_s: deadline of each call to the tracker.
         backoff_initial_s: first wait after a failed registration; doubles up to `backoff_cap_s`.
+        token: the pool's `agent` token, sent as bearer metadata on every call (None: no auth).
+        tls: how to reach the tracker over TLS (None or empty: plaintext).
     """
 
     def __init__(
@@ -41,6 +44,8 @@ class Registrar:
         rpc_timeout_s: float,
         backoff_initial_s: float,
         backoff_cap_s: float,
+        token: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.tracker_address = tracker_address
         self._register_request = register_request
@@ -52,8 +57,10 @@ class Registrar:
         # gRPC's own reconnect backoff grows to 120 s by default; cap it at ours, so an agent whose
         # tracker was down a long while registers within backoff_cap_s of it coming back.
         backoff_ms = int(backoff_initial_s * 1000)
-        self._channel = grpc.insecure_channel(
+        self._metadata = call_metadata(token)
+        self._channel = open_channel(
             tracker_address,
+            tls,
             options=[
                 ("grpc.initial_reconnect_backoff_ms", backoff_ms),
                 ("grpc.min_reconnect_backoff_ms", backoff_ms),
@@ -83,7 +90,9 @@ class Registrar:
                 backoff_s = self._backoff_initial_s
                 while not self._stop.wait(interval_s):
                     reply = self._stub.Heartbeat(
-                        self._heartbeat_request(), timeout=self._rpc_timeout_s
+                        self._heartbeat_request(),
+                        timeout=self._rpc_timeout_s,
+                        metadata=self._metadata,
                     )
                     if not reply.known:
                         _LOG.warning(
@@ -102,7 +111,9 @@ class Registrar:
                 backoff_s = min(backoff_s * 2, self._backoff_cap_s)
 
     def _register(self) -> float:
-        reply = self._stub.Register(self._register_request(), timeout=self._rpc_timeout_s)
+        reply = self._stub.Register(
+            self._register_request(), timeout=self._rpc_timeout_s, metadata=self._metadata
+        )
         interval_s = reply.heartbeat_interval_s or _DEFAULT_HEARTBEAT_S
         _LOG.info(
             "registered with tracker %s; heartbeat every %.2f s", self.tracker_address, interval_s

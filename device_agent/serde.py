@@ -169,8 +169,10 @@ def ndarray_from_pb(pb: common_pb2.NDArray) -> np.ndarray:
 
 
 def telemetry_to_pb(t: Telemetry) -> common_pb2.Telemetry:
-    """The wire telemetry."""
-    return common_pb2.Telemetry(load_1m=t.load_1m, cpu_mhz=t.cpu_mhz, temperature_c=t.temperature_c)
+    """The wire telemetry; an absent reading stays unset (zero means unknown on the wire)."""
+    return common_pb2.Telemetry(
+        load_1m=t.load_1m or 0.0, cpu_mhz=t.cpu_mhz or 0.0, temperature_c=t.temperature_c or 0.0
+    )
 
 
 def device_to_pb(d: DeviceSpec) -> common_pb2.DeviceSpec:

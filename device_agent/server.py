@@ -1,4 +1,9 @@
-"""Build and stop a serving agent: gRPC server, core, and tracker registration together."""
+"""Build and stop a serving agent: gRPC server, core, and tracker registration together.
+
+The server carries the Agent service, behind the bearer-token interceptor when the config has pool
+secrets, and the standard gRPC health service (SERVING while up, exempt from auth). With
+`config.tls` set it listens with TLS (mutual TLS when a client CA is given).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,17 @@ from concurrent import futures
 from types import TracebackType
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from device_agent import serde
 from device_agent.agent import Agent
+from device_agent.auth import AgentAuthInterceptor
 from device_agent.config import AgentConfig
 from device_agent.leases import LeaseVerifier
 from device_agent.registration import Registrar
 from device_agent.service import AgentServicer
 from protos import agent_pb2_grpc
+from protos.auth import Role, server_credentials
 
 _LOG = logging.getLogger(__name__)
 # Run carries whole tensors both ways; gRPC's 4 MiB default would cap them. Uploads stream in
@@ -25,10 +33,17 @@ _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 class AgentServer:
     """A serving agent; `stop()` ends registration, the RPC server and the executors, in that order."""
 
-    def __init__(self, server: grpc.Server, agent: Agent, registrar: Registrar | None) -> None:
+    def __init__(
+        self,
+        server: grpc.Server,
+        agent: Agent,
+        registrar: Registrar | None,
+        health_servicer: health.HealthServicer | None = None,
+    ) -> None:
         self.grpc_server = server
         self.agent = agent
         self.registrar = registrar
+        self.health = health_servicer
         self._stopped = False
 
     def stop(self, grace_s: float | None = None) -> None:
@@ -37,6 +52,8 @@ class AgentServer:
             return
         self._stopped = True
         grace = self.agent.config.stop_grace_s if grace_s is None else grace_s
+        if self.health is not None:
+            self.health.enter_graceful_shutdown()
         if self.registrar is not None:
             self.registrar.stop()
         # stop() only starts the grace period; closing the executors right away ends a measurement
@@ -72,19 +89,41 @@ def create_server(
     Returns:
         (server, port, agent): `port` is the bound port (the real one when `listen` ends in :0);
         devices advertise `config.advertise_host:port`.
+
+    Raises:
+        protos.auth.SecretsError: unreadable TLS files, or secrets without a needed entry.
+        ValueError, RuntimeError: a bad backend or pinning (see `Agent`).
+        OSError: nothing could be bound at `listen`.
     """
     config = config or AgentConfig()
+    agent_token = None
+    if config.secrets is not None:
+        config.secrets.require_lease_key()
+        config.secrets.token(Role.CLIENT)
+        if config.tracker_address:
+            agent_token = config.secrets.token(Role.AGENT)
+    interceptors = [] if config.secrets is None else [AgentAuthInterceptor(config.secrets)]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4 + 2 * config.devices),
+        interceptors=interceptors,
         options=[
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
         ],
     )
-    port = server.add_insecure_port(listen)
+    if config.tls.enabled:
+        port = server.add_secure_port(listen, server_credentials(config.tls))
+    else:
+        port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
     address = f"{config.advertise_host}:{port}"
     agent = Agent(config, address, lease_verifier)
     agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(agent), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in ("", "kiln.v1.Agent"):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     server.start()
     registrar = None
     if config.tracker_address:
@@ -95,6 +134,8 @@ def create_server(
             config.rpc_timeout_s,
             config.reregister_backoff_initial_s,
             config.reregister_backoff_cap_s,
+            token=agent_token,
+            tls=config.tracker_tls,
         )
         registrar.start()
     _LOG.info(
@@ -104,4 +145,4 @@ def create_server(
         config.backend,
         address,
     )
-    return AgentServer(server, agent, registrar), port, agent
+    return AgentServer(server, agent, registrar, health_servicer), port, agent

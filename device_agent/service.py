@@ -17,6 +17,7 @@ from device_agent.errors import (
     ArtifactTooLargeError,
     HashMismatchError,
     InvalidRequestError,
+    TruncatedUploadError,
     UnknownDeviceError,
 )
 from protos import agent_pb2, agent_pb2_grpc, common_pb2
@@ -28,6 +29,7 @@ _CODES: tuple[tuple[type[AgentError], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (ArtifactTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (HashMismatchError, grpc.StatusCode.DATA_LOSS),
+    (TruncatedUploadError, grpc.StatusCode.DATA_LOSS),
 )
 
 _F = TypeVar("_F", bound=Callable[..., Any])

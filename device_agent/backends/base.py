@@ -20,10 +20,11 @@ from device_agent.jobs import RUN, Job, JobResult, ReferenceCheck
 class JobFailed(Exception):
     """Ends a job early with `status`; raised by backend steps, caught by `execute`."""
 
-    def __init__(self, status: Status, message: str) -> None:
+    def __init__(self, status: Status, message: str, signal: int = 0) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.signal = signal
 
 
 class Backend(ABC):
@@ -40,9 +41,17 @@ class Backend(ABC):
         """Tags this backend adds to each device (the agent adds arch and the user's tags)."""
         return {}
 
-    def telemetry(self) -> Telemetry:
-        """Readings of the device now; zero where unknown. Called in the agent process."""
-        return Telemetry()
+    def telemetry(self, host: Telemetry) -> Telemetry:
+        """Readings of the device now, given the host's; None where unknown. In the agent process."""
+        return host
+
+    def prepare(self, state_dir: str) -> None:
+        """Make what the backend needs before its first job (idempotent; in agent and child).
+
+        Raises:
+            RuntimeError: the backend cannot work on this machine (the message says why).
+        """
+        del state_dir  # most backends need nothing
 
     @abstractmethod
     def execute(self, job: Job) -> JobResult:
@@ -81,7 +90,7 @@ class NativeBackend(Backend):
             )
             return JobResult(Status.OK, samples_s=tuple(samples), number_used=number_used)
         except JobFailed as e:
-            return JobResult(e.status, error=e.message)
+            return JobResult(e.status, error=e.message, signal=e.signal)
 
     def _call_ok(self, module: Any, symbol: str, buffers: list[np.ndarray]) -> None:
         code = self.call(module, symbol, buffers)

@@ -10,7 +10,7 @@ import numpy as np
 
 from device_agent import abi
 from device_agent.backends.base import JobFailed, NativeBackend
-from device_agent.domain import EntryPoint, EvaluatorConfig, Status, Telemetry
+from device_agent.domain import EntryPoint, EvaluatorConfig, Status
 
 
 class CpuBackend(NativeBackend):
@@ -22,10 +22,6 @@ class CpuBackend(NativeBackend):
     def __init__(self) -> None:
         # An artifact is immutable (named by its hash), so a handle stays valid for the child's life.
         self._libs: dict[str, ctypes.CDLL] = {}
-
-    def telemetry(self) -> Telemetry:
-        """The 1-minute load average of the host."""
-        return Telemetry(load_1m=os.getloadavg()[0])
 
     def load(self, path: str) -> ctypes.CDLL:
         """The shared object at `path`, loaded once per child."""

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 
-from device_agent import serde
+from device_agent import serde, telemetry
 from device_agent.agent import Agent
 from device_agent.arrays import make_args
 from device_agent.config import AgentConfig
@@ -104,6 +104,7 @@ def test_chunked_upload_is_cached(env: Env, tmp_path: os.PathLike[str]) -> None:
     other = env.data + b"\0" * 10
     meta = serde.meta_to_pb(env.meta)
     meta.sha256 = hashlib.sha256(other).hexdigest()
+    meta.size_bytes = len(other)
     assert not env.stub.Has(agent_pb2.HasRequest(sha256=meta.sha256), timeout=RPC_S).present
     reply = env.stub.Upload(chunks(other, meta, size=1000), timeout=RPC_S)
     assert (reply.sha256, reply.size_bytes) == (meta.sha256, len(other))
@@ -116,6 +117,16 @@ def test_measure_ok(env: Env) -> None:
     assert result.number_used == 3
     assert result.device_id == env.device
     assert result.telemetry.load_1m >= 0 and not result.emulated
+
+
+def test_telemetry_carries_what_this_machine_exposes(env: Env) -> None:
+    """Readings this host has are set in MeasureResult and Info; ones it lacks are left unset."""
+    result = measure(env, "add_one")
+    info = env.stub.Info(agent_pb2.InfoRequest(), timeout=RPC_S)
+    for t in (result.telemetry, info.telemetry):
+        assert (t.cpu_mhz > 0) == (telemetry.cpu_mhz() is not None)
+        assert (t.temperature_c != 0) == (telemetry.temperature_c() is not None)
+        assert t.load_1m > 0 or os.getloadavg()[0] < 0.05  # zero only on an idle host
 
 
 def test_min_repeat_ms_grows_number(env: Env) -> None:
@@ -141,6 +152,7 @@ def test_unloadable_object_is_load_error(env: Env) -> None:
     junk = b"not an ELF file" * 10
     meta = serde.meta_to_pb(env.meta)
     meta.sha256 = hashlib.sha256(junk).hexdigest()
+    meta.size_bytes = len(junk)
     env.stub.Upload(chunks(junk, meta), timeout=RPC_S)
     request = agent_pb2.MeasureRequest(
         device_id=env.device, artifact_sha256=meta.sha256, symbol="add_one"
@@ -163,6 +175,7 @@ def test_oversize_upload_is_rejected_and_not_stored(env: Env) -> None:
     big = os.urandom(MAX_ARTIFACT_BYTES + 1)
     meta = serde.meta_to_pb(env.meta)
     meta.sha256 = hashlib.sha256(big).hexdigest()
+    meta.size_bytes = 0  # unannounced: the limit must catch it while streaming
     with pytest.raises(grpc.RpcError) as err:
         env.stub.Upload(chunks(big, meta, size=16 * 1024), timeout=RPC_S)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

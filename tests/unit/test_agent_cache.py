@@ -10,7 +10,12 @@ import pytest
 
 from device_agent.cache import ArtifactCache, validate_sha256
 from device_agent.domain import ArgRole, ArtifactMeta, EntryPoint, TensorSpec
-from device_agent.errors import ArtifactTooLargeError, HashMismatchError, InvalidRequestError
+from device_agent.errors import (
+    ArtifactTooLargeError,
+    HashMismatchError,
+    InvalidRequestError,
+    TruncatedUploadError,
+)
 
 DATA = b"\x7fELF not really" * 100
 
@@ -108,4 +113,104 @@ def test_get_absent_is_none_and_stale_temp_files_are_cleared(tmp_path: Path) -> 
         f.write(b"partial")
     cache = ArtifactCache(str(tmp_path), max_artifact_bytes=100)
     assert cache.get("0" * 64) is None
+    assert os.listdir(os.path.join(str(tmp_path), "tmp")) == []
+
+
+def _artifact(i: int, size: int = 100) -> tuple[ArtifactMeta, bytes]:
+    data = bytes([i]) * size
+    return _meta(data), data
+
+
+def _bounded(path: Path, max_total_bytes: int = 250) -> ArtifactCache:
+    return ArtifactCache(str(path), max_artifact_bytes=1 << 20, max_total_bytes=max_total_bytes)
+
+
+def test_least_recently_used_goes_first_and_has_refreshes(tmp_path: Path) -> None:
+    cache = _bounded(tmp_path)
+    (m1, d1), (m2, d2), (m3, d3) = (_artifact(i) for i in range(3))
+    _store(cache, m1, d1)
+    _store(cache, m2, d2)
+    assert cache.has(m1.sha256)  # now m2 is the least recently used
+    _store(cache, m3, d3)
+    assert cache.has(m1.sha256) and cache.has(m3.sha256)
+    assert not cache.has(m2.sha256)
+    assert not os.path.exists(os.path.join(str(tmp_path), m2.sha256))
+    assert not os.path.exists(os.path.join(str(tmp_path), m2.sha256 + ".json"))
+    assert cache.total_bytes == 200
+
+
+def test_an_artifact_in_use_is_never_evicted(tmp_path: Path) -> None:
+    cache = _bounded(tmp_path)
+    (m1, d1), (m2, d2), (m3, d3) = (_artifact(i) for i in range(3))
+    _store(cache, m1, d1)
+    held = cache.acquire(m1.sha256)
+    assert held is not None
+    _store(cache, m2, d2)
+    _store(cache, m3, d3)  # m1 is the oldest, but in use: m2 goes instead
+    assert cache.has(m1.sha256) and not cache.has(m2.sha256)
+    with open(held.path, "rb") as f:
+        assert f.read() == d1
+    # Only artifacts in use left over the bound: it stays over until they are released.
+    tight = _bounded(tmp_path / "tight", max_total_bytes=150)
+    _store(tight, m1, d1)
+    assert tight.acquire(m1.sha256) is not None
+    _store(tight, m2, d2)
+    assert tight.has(m1.sha256) and not tight.has(m2.sha256)
+
+
+def test_release_evicts_what_was_kept_over_the_bound(tmp_path: Path) -> None:
+    cache = _bounded(tmp_path, max_total_bytes=150)
+    (m1, d1), (m2, d2) = (_artifact(i) for i in range(2))
+    _store(cache, m1, d1)
+    assert cache.acquire(m1.sha256) is not None
+    assert cache.acquire(m1.sha256) is not None
+    held2 = cache.acquire(m1.sha256)
+    assert held2 is not None
+    cache.release(m1.sha256)
+    cache.release(m1.sha256)
+    _store(cache, m2, d2)
+    assert cache.has(m1.sha256) and not cache.has(m2.sha256)
+    cache.release(m1.sha256)
+    assert cache.total_bytes <= 150
+
+
+def test_an_artifact_over_the_whole_bound_is_refused(tmp_path: Path) -> None:
+    cache = _bounded(tmp_path, max_total_bytes=50)
+    meta, data = _artifact(1)
+    with pytest.raises(ArtifactTooLargeError):
+        _store(cache, meta, data)
+
+
+def test_restart_rereads_the_directory_in_recency_order_and_cleans_partials(
+    tmp_path: Path,
+) -> None:
+    cache = _bounded(tmp_path, max_total_bytes=1000)
+    arts = [_artifact(i) for i in range(3)]
+    for meta, data in arts:
+        _store(cache, meta, data)
+    # Recency survives in the mtimes: artifact 0 the most recent, 1 the least.
+    for age, (meta, _) in zip((1, 3, 2), arts, strict=True):
+        os.utime(os.path.join(str(tmp_path), meta.sha256), (1e9 - age, 1e9 - age))
+    half = "ee" * 32
+    (tmp_path / (half + ".json")).write_text("{}")  # a commit cut short: meta without bytes
+    (tmp_path / ("ff" * 32)).write_bytes(b"bytes without meta")
+    (tmp_path / "tmp" / "upload-x").write_bytes(b"partial")
+    (tmp_path / "backends").mkdir()  # not the cache's: left alone
+    restarted = _bounded(tmp_path, max_total_bytes=250)
+    assert restarted.total_bytes == 200
+    assert restarted.has(arts[0][0].sha256) and restarted.has(arts[2][0].sha256)
+    assert not restarted.has(arts[1][0].sha256)  # the least recent went at start
+    got = restarted.get(arts[0][0].sha256)
+    assert got is not None and got.meta.entries == arts[0][0].entries
+    names = set(os.listdir(str(tmp_path)))
+    assert half + ".json" not in names and "ff" * 32 not in names and "backends" in names
+    assert os.listdir(os.path.join(str(tmp_path), "tmp")) == []
+
+
+def test_truncated_upload_stores_nothing(tmp_path: Path) -> None:
+    cache = ArtifactCache(str(tmp_path), max_artifact_bytes=1 << 20)
+    meta = _meta(size_bytes=len(DATA))
+    with pytest.raises(TruncatedUploadError, match=f"ended after {len(DATA) - 5} of {len(DATA)}"):
+        _store(cache, meta, DATA[:-5])
+    assert not cache.has(meta.sha256)
     assert os.listdir(os.path.join(str(tmp_path), "tmp")) == []
