@@ -1,10 +1,15 @@
-"""Build a schedule into an Artifact: lower, render C with its timing entry, compile (cached)."""
+"""Build schedules into Artifacts: lower, render C with timing entries, compile (cached).
+
+`build` makes one kernel per shared object; `build_many` puts several kernels into one
+translation unit (one compile, one .so, several entries), which is cheaper than compiling each.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from compiler.artifact import ArgSpec, Artifact, Entry
 from compiler.codegen.c import render_c
@@ -12,15 +17,34 @@ from compiler.codegen.timing import render_timing, timing_symbol
 from compiler.lower import lower
 from compiler.schedule.schedule import Schedule
 from compiler.te.tensor import PlaceholderOp, Tensor
-from compiler.toolchain import compile_shared, get_target
+from compiler.toolchain import Target, compile_shared, get_target
 
 _LOG = logging.getLogger(__name__)
 
 
-def build_source(sch: Schedule, args: Sequence[Tensor], symbol: str) -> str:
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel to build: the schedule, its argument tensors in call order, its symbol."""
+
+    sch: Schedule
+    args: Sequence[Tensor]
+    symbol: str
+    flop: float = 0.0
+
+
+def build_source(
+    sch: Schedule, args: Sequence[Tensor], symbol: str, target: Target | str = "host"
+) -> str:
     """The C translation unit `build` compiles: the kernel `symbol` and `symbol`__time."""
-    func = lower(sch, args, symbol)
-    return render_c([(func, symbol)], extra=[render_timing([symbol])])
+    return build_source_many([Kernel(sch, args, symbol)], target)
+
+
+def build_source_many(kernels: Sequence[Kernel], target: Target | str = "host") -> str:
+    """One translation unit with every kernel of `kernels` and their timing entries."""
+    tgt = get_target(target)
+    funcs = [(lower(k.sch, k.args, k.symbol), k.symbol) for k in kernels]
+    timing = render_timing([k.symbol for k in kernels])
+    return render_c(funcs, extra=[timing], vector_bytes=tgt.vector_bytes)
 
 
 def build(
@@ -34,16 +58,41 @@ def build(
     Raises:
         CompilerError: lowering, code generation or the C compiler failed (a subclass says which).
     """
+    return build_many([Kernel(sch, args, symbol, flop)], target)
+
+
+def build_many(kernels: Sequence[Kernel], target: Target | str = "host") -> Artifact:
+    """One shared-object Artifact with one entry per kernel, compiled as one translation unit.
+
+    Raises:
+        CompilerError: lowering, code generation or the C compiler failed (a subclass says which).
+        ValueError: two kernels share a symbol.
+    """
+    symbols = [k.symbol for k in kernels]
+    if len(set(symbols)) != len(symbols):
+        raise ValueError(f"kernel symbols repeat: {symbols}")
     tgt = get_target(target)
-    source = build_source(sch, args, symbol)
+    source = build_source_many(kernels, tgt)
     shared = compile_shared(source, tgt)
     _LOG.debug(
-        "built %s for %s (%s)", symbol, tgt.name, "cached" if shared.cache_hit else "compiled"
+        "built %s for %s (%s)", symbols, tgt.name, "cached" if shared.cache_hit else "compiled"
     )
-    specs = tuple(
-        ArgSpec(t.name, t.shape, t.dtype, "input" if isinstance(t.op, PlaceholderOp) else "output")
-        for t in args
+    entries = tuple(
+        Entry(
+            k.symbol,
+            timing_symbol(k.symbol),
+            tuple(
+                ArgSpec(
+                    t.name,
+                    t.shape,
+                    t.dtype,
+                    "input" if isinstance(t.op, PlaceholderOp) else "output",
+                )
+                for t in k.args
+            ),
+            float(k.flop),
+        )
+        for k in kernels
     )
-    entry = Entry(symbol, timing_symbol(symbol), specs, float(flop))
     digest = hashlib.sha256(shared.data).hexdigest()
-    return Artifact(shared.data, digest, "shared_object", tgt.name, (entry,))
+    return Artifact(shared.data, digest, "shared_object", tgt.name, entries)

@@ -1,5 +1,13 @@
 """C toolchains: targets, compiling generated C into shared objects, and a content-hash build cache.
 
+Targets name a class of CPU ("x86_64-avx512", "x86_64-avx2", "x86_64", "aarch64-neon") with the
+flags that build portable code for it; "host" builds for exactly this machine (-march=native).
+The compiler is gcc by default; `get_target(name, compiler="clang")` swaps in clang (with
+OpenMP from libgomp), and a target for another machine uses its cross compiler
+(aarch64-linux-gnu-gcc on an x86_64 host). Sources with `#pragma omp` get -fopenmp. An internal
+compiler error is retried once with safer flags (-O2 -fno-tree-vectorize): GCC 12's aarch64
+vectorizer crashes on some plain loops at -O3.
+
 The cache key is the sha256 of the source, the compiler's identity (path and version line) and
 the flags, so any change to one of them rebuilds; entries are written to a temporary name in the
 cache directory and renamed into place, so concurrent builders never see a half-written file.
@@ -44,23 +52,51 @@ class Target:
     arch: str
     compiler: str
     flags: tuple[str, ...]
+    vector_bytes: int = 64  # the widest SIMD register: how wide generated vector types go
+
+    @property
+    def is_cross(self) -> bool:
+        """Whether the code runs on another machine than this one."""
+        return self.arch != platform.machine()
+
+
+_SAFE_FLAGS = ("-O2", "-fno-tree-vectorize")
+_ICE = "internal compiler error"
+
+
+def _cross_compiler(arch: str) -> str:
+    return "gcc" if platform.machine() == arch else f"{arch}-linux-gnu-gcc"
 
 
 # Named targets build portable code for any CPU of their class; "host" (see host_target) builds
-# for exactly this machine with -march=native. Cross compilers (aarch64-linux-gnu-gcc) and clang
-# join this table when they are supported.
+# for exactly this machine with -march=native.
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target(
             "x86_64-avx512",
             "x86_64",
-            "gcc",
+            _cross_compiler("x86_64"),
             (*_COMMON_FLAGS, "-march=x86-64-v4", "-mtune=generic", "-mprefer-vector-width=512"),
+            64,
         ),
-        Target("x86_64-avx2", "x86_64", "gcc", (*_COMMON_FLAGS, "-march=x86-64-v3")),
-        Target("x86_64", "x86_64", "gcc", (*_COMMON_FLAGS, "-march=x86-64")),
-        Target("aarch64-neon", "aarch64", "gcc", (*_COMMON_FLAGS, "-march=armv8-a+simd")),
+        Target(
+            "x86_64-avx2",
+            "x86_64",
+            _cross_compiler("x86_64"),
+            (*_COMMON_FLAGS, "-march=x86-64-v3"),
+            32,
+        ),
+        Target(
+            "x86_64", "x86_64", _cross_compiler("x86_64"), (*_COMMON_FLAGS, "-march=x86-64"), 16
+        ),
+        Target(
+            "aarch64-neon",
+            "aarch64",
+            _cross_compiler("aarch64"),
+            (*_COMMON_FLAGS, "-march=armv8.2-a"),
+            16,
+        ),
     )
 }
 
@@ -90,15 +126,28 @@ def host_target() -> Target:
     return dataclasses.replace(base, arch=platform.machine(), flags=(*_COMMON_FLAGS, *native))
 
 
-def get_target(target: Target | str) -> Target:
-    """A Target from itself, "host", or a name in TARGETS."""
+def get_target(target: Target | str, compiler: str | None = None) -> Target:
+    """A Target from itself, "host", or a name in TARGETS; `compiler` ("gcc", "clang") overrides.
+
+    Raises:
+        BuildError: the name is unknown, or clang is asked for another machine.
+    """
     if isinstance(target, Target):
-        return target
-    if target == "host":
-        return host_target()
-    if target not in TARGETS:
+        tgt = target
+    elif target == "host":
+        tgt = host_target()
+    elif target in TARGETS:
+        tgt = TARGETS[target]
+    else:
         raise BuildError(f"unknown target {target!r}; known: host, {', '.join(sorted(TARGETS))}")
-    return TARGETS[target]
+    if compiler is None or compiler == tgt.compiler:
+        return tgt
+    if compiler == "clang":
+        if tgt.is_cross:
+            raise BuildError(f"clang builds for this machine only, not {tgt.name}")
+        flags = tuple(f for f in tgt.flags if f != "-mprefer-vector-width=512")
+        return dataclasses.replace(tgt, compiler="clang", flags=flags)
+    return dataclasses.replace(tgt, compiler=compiler)
 
 
 def cache_dir() -> Path:
@@ -122,10 +171,9 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
             message carries the compiler's stderr.
     """
     tgt = get_target(target)
-    if tgt.arch != platform.machine():
-        raise BuildError(f"target {tgt.name} needs a cross compiler, which is not supported yet")
+    flags = (*tgt.flags, *_extra_flags(source, tgt.compiler))
     key = hashlib.sha256(
-        "\0".join([source, _compiler_identity(tgt.compiler), *tgt.flags]).encode()
+        "\0".join([source, _compiler_identity(tgt.compiler), *flags]).encode()
     ).hexdigest()
     directory = cache_dir()
     path = directory / f"{key}.so"
@@ -135,18 +183,36 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
         src, out = Path(tmp) / "module.c", Path(tmp) / "module.so"
         src.write_text(source)
-        cmd = [tgt.compiler, *tgt.flags, "-o", str(out), str(src)]
+        cmd = [tgt.compiler, *flags, "-o", str(out), str(src)]
         _LOG.debug("compiling for %s: %s", tgt.name, " ".join(cmd))
-        try:
-            proc = _run(cmd)
-        except subprocess.TimeoutExpired as exc:
-            raise BuildError(f"{tgt.compiler} ran past {COMPILE_TIMEOUT_S:.0f} s") from exc
+        proc = _compile(cmd, tgt)
+        if proc.returncode != 0 and _ICE in proc.stderr:
+            # Same source, safer optimisation: a compiler bug must not fail a candidate.
+            safe = [f for f in flags if f not in ("-O3", "-O2")] + list(_SAFE_FLAGS)
+            _LOG.warning("%s crashed on %s; retrying with %s", tgt.compiler, tgt.name, _SAFE_FLAGS)
+            proc = _compile([tgt.compiler, *safe, "-o", str(out), str(src)], tgt)
         if proc.returncode != 0:
             raise BuildError(
                 f"{tgt.compiler} failed for target {tgt.name} (exit {proc.returncode})", proc.stderr
             )
         os.replace(out, path)  # atomic: another builder sees the whole file or none
     return SharedObject(path.read_bytes(), path, cache_hit=False)
+
+
+def _extra_flags(source: str, compiler: str) -> tuple[str, ...]:
+    """Flags the source itself asks for: OpenMP only when a kernel has a parallel loop."""
+    if "#pragma omp" not in source:
+        return ()
+    # clang's own runtime (libomp) is not installed here, and two OpenMP runtimes must never
+    # meet in one process: every compiler links GCC's libgomp.
+    return ("-fopenmp=libgomp",) if compiler == "clang" else ("-fopenmp",)
+
+
+def _compile(cmd: list[str], tgt: Target) -> subprocess.CompletedProcess[str]:
+    try:
+        return _run(cmd)
+    except subprocess.TimeoutExpired as exc:
+        raise BuildError(f"{tgt.compiler} ran past {COMPILE_TIMEOUT_S:.0f} s") from exc
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,9 @@ MAX_LANES = 64
 # One AVX-512 register. Wider vector types would be aligned past what the stack guarantees, and
 # gcc splits a 64-byte type into two on AVX2 hosts; a per-target width comes with target-aware codegen.
 MAX_VECTOR_BYTES = 64
-_OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*"}
+_OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "/"}
+_CMP = {E.LT: "<", E.LE: "<=", E.EQ: "==", E.NE: "!="}
+_MASK_DTYPE = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
 
 
 def vector_type(dtype: str, lanes: int) -> str:
@@ -66,7 +68,7 @@ def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | 
         return None
     dtype = store.buffer.dtype
     # Wider than one vector register: several register-wide statements, one per chunk of lanes.
-    width = min(lanes, MAX_VECTOR_BYTES // _ITEM_BYTES[dtype])
+    width = min(lanes, w.vector_bytes // _ITEM_BYTES[dtype])
     lines: list[str] = []
     for offset in range(0, lanes, width):
         chunk = _Chunk(loop.var, store, width, offset, "")
@@ -131,9 +133,48 @@ def _vector_expr(w: FunctionWriter, e: E.Expr, chunk: _Chunk) -> tuple[str, bool
         return f"kiln_vload_{e.dtype}x{chunk.width}(&{element})", True
     if type(e) in _OPS:
         assert isinstance(e, E.BinaryOp)
+        if isinstance(e, E.Div) and e.dtype not in E.FLOAT_DTYPES:
+            return None
         a = _vector_expr(w, e.a, chunk)
         b = _vector_expr(w, e.b, chunk)
         if a is None or b is None:
             return None
         return f"({a[0]} {_OPS[type(e)]} {b[0]})", a[1] or b[1]
+    if isinstance(e, E.Min | E.Max):
+        # C has no vector ?:, so min/max are selects rendered as mask arithmetic.
+        cmp = E.LT(e.a, e.b) if isinstance(e, E.Min) else E.LT(e.b, e.a)
+        return _vector_expr(w, E.Select(cmp, e.a, e.b), chunk)
+    if isinstance(e, E.Select):
+        return _vector_select(w, e, chunk)
     return None
+
+
+def _vector_select(w: FunctionWriter, e: E.Select, chunk: _Chunk) -> tuple[str, bool] | None:
+    """select(cond, a, b) over lanes: (a & m) | (b & ~m) on the bits, m the lane mask of cond."""
+    dtype = e.dtype
+    if dtype not in _MASK_DTYPE:
+        return None
+    a = _vector_expr(w, e.true_value, chunk)
+    b = _vector_expr(w, e.false_value, chunk)
+    if a is None or b is None:
+        return None
+    vt = vector_type(dtype, chunk.width)
+    cond = e.condition
+    if chunk.var not in E.free_vars(cond):
+        # One condition for every lane: a plain ?: between two values of the same type.
+        av = a[0] if a[1] else f"({a[0]} - ({vt}){{0}})"
+        bv = b[0] if b[1] else f"({b[0]} - ({vt}){{0}})"
+        return f"({w.expr(cond)} ? {av} : {bv})", True
+    if not isinstance(cond, E.LT | E.LE | E.EQ | E.NE) or cond.a.dtype != dtype:
+        return None
+    x = _vector_expr(w, cond.a, chunk)
+    y = _vector_expr(w, cond.b, chunk)
+    if x is None or y is None:
+        return None
+    mt = vector_type(_MASK_DTYPE[dtype], chunk.width)
+    w.vec_types.add((_MASK_DTYPE[dtype], chunk.width))
+    xv = x[0] if x[1] else f"({x[0]} - ({vt}){{0}})"
+    mask = f"(({mt})({xv} {_CMP[type(cond)]} {y[0]}))"
+    av = f"(({mt})({a[0]} - ({vt}){{0}}))" if not a[1] else f"(({mt}){a[0]})"
+    bv = f"(({mt})({b[0]} - ({vt}){{0}}))" if not b[1] else f"(({mt}){b[0]})"
+    return f"(({vt})(({av} & {mask}) | ({bv} & ~{mask})))", True

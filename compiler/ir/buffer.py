@@ -7,18 +7,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+SCOPES = frozenset({"global", "local", "shared"})
+
 
 @dataclass(frozen=True, eq=False)
 class Buffer:
-    """A dense row-major tensor in memory; `shape` is in elements."""
+    """A dense row-major tensor in memory; `shape` is in elements.
+
+    `scope` is where it lives: "global" (function parameters and big intermediates), "local"
+    (per-thread, small: accumulators, register tiles), "shared" (a GPU block's shared memory).
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    scope: str = "global"
 
     def __post_init__(self) -> None:
         if any(d < 1 for d in self.shape):
             raise ValueError(f"buffer {self.name}: every dimension must be >= 1, got {self.shape}")
+        if self.scope not in SCOPES:
+            raise ValueError(f"buffer {self.name}: scope {self.scope!r} not in {sorted(SCOPES)}")
         np.dtype(self.dtype)  # reject names numpy does not know early
 
     @property

@@ -2,7 +2,8 @@
 
 Nodes are immutable and compare by identity, so a `Var` can key a dict: two loops that both name
 their variable "i" are still two variables. Python operators build nodes (`i * 4 + j`); Python ints
-and floats are converted to constants of the other operand's dtype.
+and floats are converted to constants of the other operand's dtype. `structural_key` gives a
+hashable value that two structurally equal expressions share (the simplifier compares by it).
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ class Expr:
     def __mod__(self, other: Expr | int) -> Expr:
         return FloorMod(self, convert(other, self.dtype))
 
+    # Comparisons build nodes (== and != keep Python identity: Vars key dicts).
+    def __lt__(self, other: Expr | int | float) -> Expr:
+        return LT(self, convert(other, self.dtype))
+
+    def __le__(self, other: Expr | int | float) -> Expr:
+        return LE(self, convert(other, self.dtype))
+
+    def __gt__(self, other: Expr | int | float) -> Expr:
+        return LT(convert(other, self.dtype), self)
+
+    def __ge__(self, other: Expr | int | float) -> Expr:
+        return LE(convert(other, self.dtype), self)
+
+    def __neg__(self) -> Expr:
+        return Sub(convert(0, self.dtype), self)
+
     def __str__(self) -> str:
         from compiler.ir.printer import to_str  # the printer imports this module
 
@@ -61,6 +78,8 @@ def convert(value: Expr | int | float, dtype_hint: str = INDEX_DTYPE) -> Expr:
     """An Expr for `value`; a Python number becomes a constant of `dtype_hint`'s kind."""
     if isinstance(value, Expr):
         return value
+    if isinstance(getattr(value, "var", None), Var):  # a te IterVar stands for its variable
+        return value.var  # type: ignore[union-attr]
     if isinstance(value, bool):
         raise TypeError("booleans are not expressions; use a comparison node")
     if isinstance(value, int):
@@ -122,6 +141,14 @@ class Mul(BinaryOp):
     pass
 
 
+class Div(BinaryOp):
+    """C's `/`: true division of floats, division truncating toward zero of integers."""
+
+
+class Mod(BinaryOp):
+    """C's `%` on integers: the remainder that matches truncating division."""
+
+
 class FloorDiv(BinaryOp):
     """Division rounding toward minus infinity (C's `/` truncates; codegen handles the difference)."""
 
@@ -138,20 +165,98 @@ class Max(BinaryOp):
     pass
 
 
-class LT(BinaryOp):
-    """a < b, of dtype bool."""
+class CmpOp(BinaryOp):
+    """A comparison, of dtype bool."""
 
     @property
     def dtype(self) -> str:
         return "bool"
 
 
-class And(BinaryOp):
+class LT(CmpOp):
+    """a < b."""
+
+
+class LE(CmpOp):
+    """a <= b."""
+
+
+class EQ(CmpOp):
+    """a == b."""
+
+
+class NE(CmpOp):
+    """a != b."""
+
+
+class And(CmpOp):
     """Logical and of two bools."""
 
+
+class Or(CmpOp):
+    """Logical or of two bools."""
+
+
+@dataclass(frozen=True, eq=False)
+class Not(Expr):
+    """Logical negation of a bool."""
+
+    a: Expr
+
     @property
     def dtype(self) -> str:
         return "bool"
+
+
+@dataclass(frozen=True, eq=False)
+class Cast(Expr):
+    """`value` converted to `dtype` (C's conversion rules)."""
+
+    to: str
+    value: Expr
+
+    @property
+    def dtype(self) -> str:
+        return self.to
+
+
+@dataclass(frozen=True, eq=False)
+class Select(Expr):
+    """`true_value` where `condition` holds, else `false_value`; both sides are evaluated."""
+
+    condition: Expr
+    true_value: Expr
+    false_value: Expr
+
+    def __post_init__(self) -> None:
+        if self.true_value.dtype != self.false_value.dtype:
+            raise TypeError(
+                f"select of {self.true_value.dtype} and {self.false_value.dtype}: cast one side"
+            )
+
+    @property
+    def dtype(self) -> str:
+        return self.true_value.dtype
+
+
+# Pure math functions a Call may name, with their arity; each backend maps them to its library.
+MATH_FUNCTIONS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "fabs": 1, "pow": 2, "erf": 1}
+
+
+@dataclass(frozen=True, eq=False)
+class Call(Expr):
+    """A pure math function of MATH_FUNCTIONS applied to float arguments."""
+
+    name: str
+    args: tuple[Expr, ...]
+
+    def __post_init__(self) -> None:
+        if MATH_FUNCTIONS.get(self.name) != len(self.args):
+            raise ValueError(f"call of {self.name!r} with {len(self.args)} arguments is unknown")
+
+    @property
+    def dtype(self) -> str:
+        return self.args[0].dtype
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,12 +271,34 @@ class Load(Expr):
         return self.buffer.dtype
 
 
+@dataclass(frozen=True, eq=False)
+class BufferLoad(Expr):
+    """Element `indices` of a multi-dimensional buffer (storage flatten turns it into a Load)."""
+
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.buffer.dtype
+
+
 def children(expr: Expr) -> tuple[Expr, ...]:
     """Direct sub-expressions of an IR expression."""
     if isinstance(expr, BinaryOp):
         return (expr.a, expr.b)
     if isinstance(expr, Load):
         return (expr.index,)
+    if isinstance(expr, BufferLoad):
+        return expr.indices
+    if isinstance(expr, Not):
+        return (expr.a,)
+    if isinstance(expr, Cast):
+        return (expr.value,)
+    if isinstance(expr, Select):
+        return (expr.condition, expr.true_value, expr.false_value)
+    if isinstance(expr, Call):
+        return expr.args
     return ()
 
 
@@ -185,3 +312,52 @@ def free_vars(expr: Expr) -> set[Var]:
             found.add(node)
         stack.extend(children(node))
     return found
+
+
+def structural_key(expr: Expr) -> tuple[object, ...]:
+    """A hashable value equal for structurally equal expressions (Vars and Buffers by identity)."""
+    if isinstance(expr, Var):
+        return ("var", id(expr))
+    if isinstance(expr, IntImm | FloatImm):
+        return (type(expr).__name__, expr.value, expr.dtype)
+    if isinstance(expr, Load | BufferLoad):
+        return (type(expr).__name__, id(expr.buffer), *(structural_key(c) for c in children(expr)))
+    if isinstance(expr, Cast):
+        return ("cast", expr.dtype, structural_key(expr.value))
+    if isinstance(expr, Call):
+        return ("call", expr.name, *(structural_key(a) for a in expr.args))
+    return (type(expr).__name__, *(structural_key(c) for c in children(expr)))
+
+
+def rebuild(expr: Expr, kids: list[Expr]) -> Expr:
+    """A node like `expr` with its children replaced by `kids` (in `children` order)."""
+    if isinstance(expr, BinaryOp):
+        return type(expr)(kids[0], kids[1])
+    if isinstance(expr, Load):
+        return Load(expr.buffer, kids[0])
+    if isinstance(expr, BufferLoad):
+        return BufferLoad(expr.buffer, tuple(kids))
+    if isinstance(expr, Not):
+        return Not(kids[0])
+    if isinstance(expr, Cast):
+        return Cast(expr.to, kids[0])
+    if isinstance(expr, Select):
+        return Select(kids[0], kids[1], kids[2])
+    if isinstance(expr, Call):
+        return Call(expr.name, tuple(kids))
+    return expr
+
+
+def substitute(expr: Expr, mapping: dict[Var, Expr]) -> Expr:
+    """`expr` with every Var of `mapping` replaced by its value."""
+    if not mapping:
+        return expr
+    if isinstance(expr, Var):
+        return mapping.get(expr, expr)
+    kids = children(expr)
+    if not kids:
+        return expr
+    new = [substitute(k, mapping) for k in kids]
+    if all(a is b for a, b in zip(new, kids, strict=True)):
+        return expr
+    return rebuild(expr, new)

@@ -3,11 +3,13 @@
 It runs loops in order whatever their kind, so a vectorized or parallel loop that is wrong only
 when its iterations run together is wrong here too only if it reads what another iteration wrote.
 Every load and store is bounds-checked, because numpy would silently wrap a negative index.
+Allocated buffers start as NaN (floats) or a poison value (ints), so a read before a write shows.
 Integer arithmetic is unbounded (Python ints); float arithmetic rounds to the expression's dtype.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -17,19 +19,45 @@ import numpy as np
 from compiler.ir import expr as E
 from compiler.ir.buffer import Buffer
 from compiler.ir.function import PrimFunc
-from compiler.ir.stmt import For, IfThenElse, Seq, Stmt, Store
+from compiler.ir.stmt import (
+    Allocate,
+    Barrier,
+    BufferStore,
+    For,
+    IfThenElse,
+    IntrinCall,
+    Seq,
+    Stmt,
+    Store,
+)
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     E.Add: operator.add,
     E.Sub: operator.sub,
     E.Mul: operator.mul,
+    E.Div: lambda a, b: operator.truediv(a, b) if not isinstance(a, int) else _trunc_div(a, b),
+    E.Mod: lambda a, b: a - _trunc_div(a, b) * b,
     E.FloorDiv: operator.floordiv,
     E.FloorMod: operator.mod,
     E.Min: min,
     E.Max: max,
     E.LT: operator.lt,
+    E.LE: operator.le,
+    E.EQ: operator.eq,
+    E.NE: operator.ne,
     E.And: lambda a, b: bool(a) and bool(b),
+    E.Or: lambda a, b: bool(a) or bool(b),
 }
+_MATH: dict[str, Callable[..., Any]] = {
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "tanh": np.tanh,
+    "fabs": np.abs,
+    "pow": np.power,
+    "erf": lambda x: type(x)(math.erf(float(x))),
+}
+_POISON_INT = -(2**31) + 7
 
 
 def run(func: PrimFunc, *arrays: np.ndarray) -> None:
@@ -76,6 +104,27 @@ class _Interpreter:
         if isinstance(e, E.Load):
             value = self.flat[e.buffer][self._index(e.buffer, e.index, "load")]
             return int(value) if e.dtype in E.INT_DTYPES else value
+        if isinstance(e, E.BufferLoad):
+            value = self.flat[e.buffer][self._nd_index(e.buffer, e.indices, "load")]
+            return int(value) if e.dtype in E.INT_DTYPES else value
+        if isinstance(e, E.Not):
+            return not self.eval(e.a)
+        if isinstance(e, E.Select):
+            cond = self.eval(e.condition)
+            a, b = self.eval(e.true_value), self.eval(e.false_value)
+            return a if cond else b
+        if isinstance(e, E.Cast):
+            value = self.eval(e.value)
+            if e.dtype in E.FLOAT_DTYPES:
+                return np.dtype(e.dtype).type(value)
+            if e.dtype == "bool":
+                return bool(value)
+            return int(
+                np.array(np.trunc(value) if isinstance(value, float) else value).astype(e.dtype)
+            )
+        if isinstance(e, E.Call):
+            value = _MATH[e.name](*(self.eval(a) for a in e.args))
+            return np.dtype(e.dtype).type(value)
         raise TypeError(f"the interpreter cannot evaluate {type(e).__name__}")
 
     def exec(self, s: Stmt) -> None:
@@ -88,6 +137,9 @@ class _Interpreter:
             self.env.pop(s.var, None)
         elif isinstance(s, Store):
             self.flat[s.buffer][self._index(s.buffer, s.index, "store")] = self.eval(s.value)
+        elif isinstance(s, BufferStore):
+            where = self._nd_index(s.buffer, s.indices, "store")
+            self.flat[s.buffer][where] = self.eval(s.value)
         elif isinstance(s, Seq):
             for child in s.stmts:
                 self.exec(child)
@@ -96,6 +148,33 @@ class _Interpreter:
                 self.exec(s.then_case)
             elif s.else_case is not None:
                 self.exec(s.else_case)
+        elif isinstance(s, Allocate):
+            if s.buffer in self.flat:
+                raise ValueError(f"buffer {s.buffer.name} is allocated twice")
+            dtype = np.dtype(s.buffer.dtype)
+            fill = np.nan if dtype.kind == "f" else _POISON_INT
+            self.flat[s.buffer] = np.full(s.buffer.size, fill, dtype)
+            try:
+                self.exec(s.body)
+            finally:
+                del self.flat[s.buffer]
+        elif isinstance(s, IntrinCall):
+            views = []
+            for (buf, offset, strides), shape in zip(s.operands, s.shapes, strict=True):
+                start = int(self.eval(offset))
+                last = start + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))
+                if start < 0 or last >= buf.size:
+                    raise IndexError(f"{s.name}: region of {buf.name} leaves [0, {buf.size})")
+                base = self.flat[buf]
+                item = base.itemsize
+                views.append(
+                    np.lib.stride_tricks.as_strided(
+                        base[start:], shape=shape, strides=tuple(st * item for st in strides)
+                    )
+                )
+            s.emulate(*views)
+        elif isinstance(s, Barrier):
+            pass  # threads run one after another here, so every barrier already holds
         else:
             raise TypeError(f"the interpreter cannot run {type(s).__name__}")
 
@@ -104,6 +183,20 @@ class _Interpreter:
         if not 0 <= i < buf.size:
             raise IndexError(f"{what} {buf.name}[{i}] is outside [0, {buf.size})")
         return i
+
+    def _nd_index(self, buf: Buffer, indices: tuple[E.Expr, ...], what: str) -> int:
+        flat = 0
+        values = [int(self.eval(i)) for i in indices]
+        for v, n, stride in zip(values, buf.shape, buf.strides, strict=True):
+            if not 0 <= v < n:
+                raise IndexError(f"{what} {buf.name}{values} is outside {list(buf.shape)}")
+            flat += v * stride
+        return flat
+
+
+def _trunc_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
 
 
 def _round(value: Any, dtype: str) -> Any:

@@ -1,6 +1,16 @@
-"""Schedules and their primitives: split, reorder, vectorize, unroll, parallel."""
+"""Schedules and their primitives (split, tile, fuse, reorder, annotations, placement, caches)."""
 
 from compiler.errors import ScheduleError
-from compiler.schedule.schedule import Schedule, Split, Stage, create_schedule
+from compiler.schedule.intrin import TensorIntrin, gemm_intrin
+from compiler.schedule.schedule import Fuse, Schedule, Split, Stage, create_schedule
 
-__all__ = ["Schedule", "ScheduleError", "Split", "Stage", "create_schedule"]
+__all__ = [
+    "Fuse",
+    "Schedule",
+    "ScheduleError",
+    "Split",
+    "Stage",
+    "TensorIntrin",
+    "create_schedule",
+    "gemm_intrin",
+]

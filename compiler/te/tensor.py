@@ -7,6 +7,8 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from compiler.ir import expr as E
 
 
@@ -40,12 +42,30 @@ class IterVar:
     def __mul__(self, other: E.Expr | int) -> E.Expr:
         return self.var * other
 
+    def __radd__(self, other: E.Expr | int) -> E.Expr:
+        return E.convert(other) + self.var
+
+    def __rsub__(self, other: E.Expr | int) -> E.Expr:
+        return E.convert(other) - self.var
+
+    def __rmul__(self, other: E.Expr | int) -> E.Expr:
+        return E.convert(other) * self.var
+
 
 @dataclass(frozen=True, eq=False)
 class PlaceholderOp:
     """An input tensor, filled by the caller."""
 
     name: str
+
+    @property
+    def axis(self) -> tuple[IterVar, ...]:
+        """No loops: a placeholder is not computed (present so `t.op.axis` types for any op)."""
+        return ()
+
+    @property
+    def reduce_axis(self) -> tuple[IterVar, ...]:
+        return ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,12 +121,16 @@ class TensorLoad(E.Expr):
         return f"{self.tensor.name}[{', '.join(str(i) for i in self.indices)}]"
 
 
+COMBINERS = ("sum", "max", "min")
+
+
 @dataclass(frozen=True, eq=False)
 class Reduce(E.Expr):
-    """The sum of `source` over every point of `axis`."""
+    """The `combiner` ("sum", "max" or "min") of `source` over every point of `axis`."""
 
     source: E.Expr
     axis: tuple[IterVar, ...]
+    combiner: str = "sum"
 
     @property
     def dtype(self) -> str:
@@ -114,10 +138,22 @@ class Reduce(E.Expr):
 
     def identity(self) -> E.Expr:
         """The value the accumulator starts from."""
-        return E.convert(0, self.dtype)
+        if self.combiner == "sum":
+            return E.convert(0, self.dtype)
+        if self.dtype in E.FLOAT_DTYPES:
+            return E.FloatImm(float("-inf") if self.combiner == "max" else float("inf"), self.dtype)
+        info = np.iinfo(self.dtype)
+        return E.IntImm(int(info.min if self.combiner == "max" else info.max), self.dtype)
+
+    def combine(self, acc: E.Expr, value: E.Expr) -> E.Expr:
+        """The accumulator after taking in `value`."""
+        if self.combiner == "sum":
+            return E.Add(acc, value)
+        return E.Max(acc, value) if self.combiner == "max" else E.Min(acc, value)
 
     def __repr__(self) -> str:
-        return f"sum({self.source}, axis=[{', '.join(a.name for a in self.axis)}])"
+        axes = ", ".join(a.name for a in self.axis)
+        return f"{self.combiner}({self.source}, axis=[{axes}])"
 
 
 def walk(expr: E.Expr) -> Iterator[E.Expr]:
@@ -149,10 +185,24 @@ def reduce_axis(dom: tuple[int, int], name: str = "k") -> IterVar:
 
 def sum(expr: E.Expr, axis: IterVar | Sequence[IterVar]) -> Reduce:
     """Sum `expr` over one or more reduction axes."""
+    return _reduce(expr, axis, "sum")
+
+
+def max(expr: E.Expr, axis: IterVar | Sequence[IterVar]) -> Reduce:
+    """The maximum of `expr` over one or more reduction axes (elementwise: `maximum`)."""
+    return _reduce(expr, axis, "max")
+
+
+def min(expr: E.Expr, axis: IterVar | Sequence[IterVar]) -> Reduce:
+    """The minimum of `expr` over one or more reduction axes (elementwise: `minimum`)."""
+    return _reduce(expr, axis, "min")
+
+
+def _reduce(expr: E.Expr, axis: IterVar | Sequence[IterVar], combiner: str) -> Reduce:
     axes = (axis,) if isinstance(axis, IterVar) else tuple(axis)
     if not axes or any(a.kind is not IterKind.REDUCE for a in axes):
-        raise ValueError("sum needs at least one axis, all made by reduce_axis")
-    return Reduce(expr, axes)
+        raise ValueError(f"{combiner} needs at least one axis, all made by reduce_axis")
+    return Reduce(E.convert(expr, "float32"), axes, combiner)
 
 
 def compute(

@@ -11,7 +11,7 @@ from compiler import ops, te
 from compiler.errors import LowerError
 from compiler.ir import IfThenElse, PrimFunc, Stmt, interpreter
 from compiler.ir.stmt import For, Seq
-from compiler.lower import lower
+from compiler.lower import lower, lower_loop_nest
 from compiler.schedule import create_schedule
 
 MATMUL = ops.get_template("matmul")
@@ -67,11 +67,15 @@ def test_non_dividing_split_cuts_the_inner_extent_instead_of_branching() -> None
     sch = create_schedule(c)
     m, _ = sch[c].axis
     sch[c].split(m, 3)
-    func = lower(sch, [a, b, c], "mm")
-    assert "for m_i in range(min(3, 7 - (m_o * 3))):" in str(func)
-    assert not contains(func.body, IfThenElse)
-    out, expected = run_matmul(func, 7, 13, 5)
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    nest = lower_loop_nest(sch, [a, b, c], "mm")
+    assert "for m_i in range(min(3, 7 - (m_o * 3))):" in str(nest)
+    assert not contains(nest.body, IfThenElse)
+    func = lower(sch, [a, b, c], "mm")  # loop partition: 2 full tiles of 3, then a tail of 1
+    assert "min(" not in str(func)
+    assert str(func).splitlines()[1:3] == ["  for m_o in range(2):", "    for m_i in range(3):"]
+    for f in (nest, func):
+        out, expected = run_matmul(f, 7, 13, 5)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_guard_when_the_inner_loop_is_outside_its_outer_part() -> None:
@@ -81,10 +85,13 @@ def test_guard_when_the_inner_loop_is_outside_its_outer_part() -> None:
     m, _ = stage.axis
     mo, mi = stage.split(m, 3)
     stage.reorder(mi, mo)  # inner outside outer: no loop bound can express m < 7
-    func = lower(sch, [a, b, c], "mm")
-    assert contains(func.body, IfThenElse)
-    out, expected = run_matmul(func, 7, 6, 5)
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    nest = lower_loop_nest(sch, [a, b, c], "mm")
+    assert contains(nest.body, IfThenElse)
+    func = lower(sch, [a, b, c], "mm")  # partition decides the guard in every piece
+    assert not contains(func.body, IfThenElse)
+    for f in (nest, func):
+        out, expected = run_matmul(f, 7, 6, 5)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_nested_non_dividing_splits() -> None:
@@ -134,9 +141,14 @@ def test_elementwise_compute_and_two_stages() -> None:
     np.testing.assert_array_equal(zs, xs + 1)
 
 
-def test_intermediate_tensor_missing_from_args() -> None:
+def test_intermediate_tensor_gets_its_own_buffer_and_missing_input_is_an_error() -> None:
     x = te.placeholder((4,), name="x")
     y = te.compute((4,), lambda i: x[i] + 1.0, name="y")
     z = te.compute((4,), lambda i: y[i] * 2.0, name="z")
-    with pytest.raises(LowerError, match="tensor y is not among"):
-        lower(create_schedule(z), [x, z], "f")
+    func = lower(create_schedule(z), [x, z], "f")
+    assert "y = allocate(float32[4], global)" in str(func)
+    xs, zs = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    interpreter.run(func, xs, zs)
+    np.testing.assert_array_equal(zs, (xs + 1) * 2)
+    with pytest.raises(LowerError, match="input x is not among"):
+        lower(create_schedule(z), [z], "f")

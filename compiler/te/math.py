@@ -1,0 +1,69 @@
+"""Elementwise helpers for compute bodies: maximum, minimum, select, cast and math functions."""
+
+from __future__ import annotations
+
+from compiler.ir import expr as E
+
+
+def _pair(a: E.Expr | float, b: E.Expr | float) -> tuple[E.Expr, E.Expr]:
+    if isinstance(a, E.Expr):
+        return a, E.convert(b, a.dtype)
+    if isinstance(b, E.Expr):
+        return E.convert(a, b.dtype), b
+    return E.convert(a, "float32"), E.convert(b, "float32")
+
+
+def maximum(a: E.Expr | float, b: E.Expr | float) -> E.Expr:
+    """max(a, b) elementwise (ReLU is `maximum(x, 0.0)`)."""
+    return E.Max(*_pair(a, b))
+
+
+def minimum(a: E.Expr | float, b: E.Expr | float) -> E.Expr:
+    """min(a, b) elementwise."""
+    return E.Min(*_pair(a, b))
+
+
+def if_then_else(cond: E.Expr, a: E.Expr | float, b: E.Expr | float) -> E.Expr:
+    """`a` where `cond` holds, else `b` (both evaluated: keep `b` in bounds, e.g. padding)."""
+    return E.Select(cond, *_pair(a, b))
+
+
+def cast(dtype: str, value: E.Expr) -> E.Expr:
+    """`value` converted to `dtype`."""
+    return E.Cast(dtype, value)
+
+
+def exp(x: E.Expr) -> E.Expr:
+    return E.Call("exp", (x,))
+
+
+def log(x: E.Expr) -> E.Expr:
+    return E.Call("log", (x,))
+
+
+def sqrt(x: E.Expr) -> E.Expr:
+    return E.Call("sqrt", (x,))
+
+
+def tanh(x: E.Expr) -> E.Expr:
+    return E.Call("tanh", (x,))
+
+
+def erf(x: E.Expr) -> E.Expr:
+    return E.Call("erf", (x,))
+
+
+def all_of(*conds: E.Expr) -> E.Expr:
+    """The conjunction of boolean `conds` (at least one)."""
+    result = conds[0]
+    for c in conds[1:]:
+        result = E.And(result, c)
+    return result
+
+
+def less(a: E.Expr | int, b: E.Expr | int) -> E.Expr:
+    return E.LT(E.convert(a), E.convert(b))
+
+
+def greater_equal(a: E.Expr | int, b: E.Expr | int) -> E.Expr:
+    return E.LE(E.convert(b), E.convert(a))
