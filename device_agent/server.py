@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from device_agent import serde
 from device_agent.agent import Agent
-from device_agent.auth import AgentAuthInterceptor
+from device_agent.auth import agent_interceptor
 from device_agent.config import AgentConfig
 from device_agent.leases import LeaseVerifier
 from device_agent.registration import Registrar
@@ -102,7 +102,7 @@ def create_server(
         config.secrets.token(Role.CLIENT)
         if config.tracker_address:
             agent_token = config.secrets.token(Role.AGENT)
-    interceptors = [] if config.secrets is None else [AgentAuthInterceptor(config.secrets)]
+    interceptors = [] if config.secrets is None else [agent_interceptor(config.secrets)]
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4 + 2 * config.devices),
         interceptors=interceptors,

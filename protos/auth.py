@@ -14,6 +14,9 @@ new file with random values and mode 0600.
 **Calls** carry `authorization: Bearer <token>` metadata. A server answers UNAUTHENTICATED when the
 token is missing or unknown and PERMISSION_DENIED when its role may not make that call.
 
+Servers enforce this with `AuthInterceptor` and a table of the roles allowed per method (the
+tracker's and the agent's tables live in their packages). The standard health service is exempt.
+
 **TLS**: servers take a certificate and key (and a client CA for mutual TLS); clients take the CA
 that signed the server's certificate (and their own certificate and key for mutual TLS).
 """
@@ -21,13 +24,17 @@ that signed the server's certificate (and their own certificate and key for mutu
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
+
+_LOG = logging.getLogger(__name__)
 
 METADATA_KEY = "authorization"
 _BEARER = "Bearer "
@@ -220,3 +227,99 @@ def open_channel(
     if tls is not None and tls.enabled:
         return grpc.secure_channel(address, channel_credentials(tls), options=options)
     return grpc.insecure_channel(address, options=options)
+
+
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/",)
+"""Methods any caller may use without a token: health probes from load balancers and deploy/."""
+
+MethodRoles = Mapping[str, frozenset[Role]]
+"""Full method name ("/kiln.v1.Tracker/Acquire") -> roles allowed; unlisted methods: admin only."""
+
+RejectHook = Callable[[str, grpc.StatusCode], None]
+"""Called with (method, code) for every rejected call, e.g. to count it."""
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Rejects calls whose bearer token is missing, unknown, or of a role the method does not allow.
+
+    A missing or unknown token is answered UNAUTHENTICATED, a known token of the wrong role
+    PERMISSION_DENIED; each rejection is logged with the method, the peer and the role, never the
+    token.
+
+    Args:
+        secrets: the pool secrets; their role tokens are the only ones accepted.
+        method_roles: roles allowed per full method name; unlisted methods are admin-only.
+        on_reject: called with (method, code) for each rejected call.
+        log: where rejections are logged (the daemon's own logger, so its log names it).
+    """
+
+    def __init__(
+        self,
+        secrets: PoolSecrets,
+        method_roles: MethodRoles,
+        on_reject: RejectHook | None = None,
+        log: logging.Logger = _LOG,
+    ) -> None:
+        self._secrets = secrets
+        self._method_roles = method_roles
+        self._on_reject = on_reject
+        self._log = log
+
+    def check(
+        self, method: str, metadata: object
+    ) -> tuple[grpc.StatusCode, str, Role | None] | None:
+        """None when the call may proceed, else (code, message for the caller, role found)."""
+        if method.startswith(EXEMPT_PREFIXES):
+            return None
+        token = token_from_metadata(metadata)
+        if token is None:
+            return grpc.StatusCode.UNAUTHENTICATED, "missing bearer token", None
+        role = self._secrets.role_of(token)
+        if role is None:
+            return grpc.StatusCode.UNAUTHENTICATED, "unknown bearer token", None
+        allowed = self._method_roles.get(method, frozenset({Role.ADMIN}))
+        if role in allowed or role is Role.ADMIN:
+            return None
+        wanted = " or ".join(sorted(r.value for r in allowed | {Role.ADMIN}))
+        return (
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"role '{role.value}' may not call {method} (needs {wanted})",
+            role,
+        )
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        """Pass allowed calls on; answer the others with a handler that logs and aborts."""
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        verdict = self.check(method, handler_call_details.invocation_metadata)
+        if verdict is None:
+            return handler
+        code, message, role = verdict
+        if self._on_reject is not None:
+            self._on_reject(method, code)
+
+        def reject(request: Any, context: Any) -> Any:
+            self._log.warning(
+                "rejected %s from %s: %s: %s (role %s)",
+                method,
+                context.peer(),
+                code.name,
+                message,
+                role.value if role else "none",
+            )
+            context.abort(code, message)
+
+        return _handler_like(handler, reject)
+
+
+def _handler_like(handler: Any, behavior: Callable[[Any, Any], Any]) -> Any:
+    """A handler of the same streaming kind as `handler` that runs `behavior` on the raw request."""
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(behavior)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(behavior)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(behavior)
+    return grpc.stream_stream_rpc_method_handler(behavior)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos import tracker_pb2_grpc
 from protos.auth import PoolSecrets, TlsFiles, server_credentials
-from tracker.auth import AuthInterceptor
+from tracker.auth import tracker_interceptor
 from tracker.config import TrackerConfig
 from tracker.decoding import StrictDecoding
 from tracker.pool import DevicePool
@@ -114,7 +114,7 @@ def create_server(
     interceptors: list[Any] = []
     if secrets is not None:
         interceptors.append(
-            AuthInterceptor(secrets, on_reject=metrics.observe_rejection if metrics else None)
+            tracker_interceptor(secrets, on_reject=metrics.observe_rejection if metrics else None)
         )
     interceptors.append(StrictDecoding())
     server = grpc.server(
