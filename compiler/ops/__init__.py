@@ -1,14 +1,52 @@
-"""The op library: compute definitions with numpy references and tunable schedule templates."""
+"""The op library: compute definitions with numpy references and tunable schedule templates.
+
+Templates: `dense` (packed weights), `conv2d_nchwc` (KxK), `conv2d_1x1_nchwc`,
+`conv2d_stem_nchwc` (few input channels), `depthwise_conv2d_nchwc`, `max_pool2d_nchwc`,
+`avg_pool2d_nchwc`, `global_avg_pool2d_nchwc`, `softmax`, `layer_norm`, elementwise `add`,
+`multiply`, `relu`, `add_relu`, `reduce_sum`, and the skeleton's `matmul` (plain [K][N] B).
+`layout` holds the NCHW <-> NCHW[x]c and weight packings they take.
+"""
 
 from __future__ import annotations
 
-from compiler.ops.base import Template
+from compiler.ops.base import OpTemplate, Template
+from compiler.ops.conv2d import Conv2d1x1Template, Conv2dNCHWcTemplate, Conv2dStemTemplate
+from compiler.ops.dense import DenseTemplate
+from compiler.ops.depthwise import DepthwiseConv2dTemplate
+from compiler.ops.injective import ELEMENTWISE_OPS, ElementwiseTemplate
 from compiler.ops.matmul import MatmulTemplate
+from compiler.ops.normalization import LayerNormTemplate, SoftmaxTemplate
+from compiler.ops.pool import GlobalAvgPoolTemplate, Pool2dTemplate
+from compiler.ops.reduction import ReduceSumTemplate
 from compiler.ops.space import Config, ConfigSpace, Knob
 
-_TEMPLATES: dict[str, Template] = {t.name: t for t in (MatmulTemplate(),)}
+_LIBRARY: tuple[Template, ...] = (
+    MatmulTemplate(),
+    DenseTemplate(),
+    Conv2dNCHWcTemplate(),
+    Conv2d1x1Template(),
+    Conv2dStemTemplate(),
+    DepthwiseConv2dTemplate(),
+    Pool2dTemplate("max"),
+    Pool2dTemplate("avg"),
+    GlobalAvgPoolTemplate(),
+    ReduceSumTemplate(),
+    SoftmaxTemplate(),
+    LayerNormTemplate(),
+    *(ElementwiseTemplate(op) for op in ELEMENTWISE_OPS),
+)
+_TEMPLATES: dict[str, Template] = {t.name: t for t in _LIBRARY}
 
-__all__ = ["Config", "ConfigSpace", "Knob", "Template", "get_template", "template_names"]
+__all__ = [
+    "Config",
+    "ConfigSpace",
+    "Knob",
+    "OpTemplate",
+    "Template",
+    "get_template",
+    "op_templates",
+    "template_names",
+]
 
 
 def get_template(name: str) -> Template:
@@ -20,3 +58,8 @@ def get_template(name: str) -> Template:
 
 def template_names() -> tuple[str, ...]:
     return tuple(sorted(_TEMPLATES))
+
+
+def op_templates() -> dict[str, OpTemplate]:
+    """The templates with layout conversion (all but the skeleton's matmul), by name."""
+    return {n: t for n, t in _TEMPLATES.items() if isinstance(t, OpTemplate)}

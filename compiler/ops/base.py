@@ -1,14 +1,21 @@
-"""The interface every op template provides to the tuner and to tests."""
+"""The interface every op template provides to the tuner and to tests.
+
+`Template` is what the tuner needs. `OpTemplate` adds what a harness needs to check a built
+kernel against numpy whatever layout a config picks: logical inputs in the op's natural layout
+(NCHW, OIHW, [K][N]) go through `pack_inputs` into the kernel's argument layout, and
+`unpack_output` turns the kernel's output back, to compare with `reference(*logical_inputs)`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from compiler.ops.space import Config, ConfigSpace
 from compiler.schedule.schedule import Schedule
-from compiler.te.tensor import Tensor
+from compiler.te.tensor import PlaceholderOp, Tensor
 
 
 class Template(Protocol):
@@ -35,3 +42,97 @@ class Template(Protocol):
     def instantiate(self, shape: tuple[int, ...], config: Config) -> tuple[Schedule, list[Any]]:
         """The scheduled computation and its argument tensors, in call order."""
         ...
+
+
+class OpTemplate:
+    """Base of the op library's templates: the Template protocol plus layout conversion.
+
+    Subclasses set `name` and `fields` (the workload's field names) and implement `tensors`,
+    `schedule`, `reference`, `flop`, `config_space` and `logical_shapes`; templates whose
+    argument layout depends on the config override `pack_inputs` and `unpack_output`.
+    """
+
+    name: str = ""
+    fields: tuple[str, ...] = ()
+
+    # -- what subclasses provide ------------------------------------------------------------
+    def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
+        """Argument tensors for `config` (None: the default layout), inputs first, output last."""
+        raise NotImplementedError
+
+    def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
+        """The schedule of `args`' computation for `config`."""
+        raise NotImplementedError
+
+    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Shapes of the inputs of `reference`, in the op's natural layout."""
+        raise NotImplementedError
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def flop(self, shape: tuple[int, ...]) -> float:
+        raise NotImplementedError
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        raise NotImplementedError
+
+    # -- derived ----------------------------------------------------------------------------
+    def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
+        """The natural-layout output for logical `inputs` of workload `shape`."""
+        return self.reference(*inputs)
+
+    def compute(self, shape: tuple[int, ...]) -> tuple[Tensor, ...]:
+        """The op's tensors in its default layout, inputs first, output last."""
+        return tuple(self.tensors(shape, None))
+
+    def instantiate(self, shape: tuple[int, ...], config: Config) -> tuple[Schedule, list[Any]]:
+        """The scheduled computation and its argument tensors, in call order."""
+        args = self.tensors(shape, config)
+        return self.schedule(shape, config, args), list(args)
+
+    def worth_measuring(self, shape: tuple[int, ...], config: Config) -> bool:
+        """Whether `config` is plausible (e.g. its register tile fits the register file).
+
+        Every config is correct; this only lets a search skip those sure to be slow.
+        """
+        return True
+
+    def random_inputs(self, shape: tuple[int, ...], rng: np.random.Generator) -> list[np.ndarray]:
+        """Logical inputs: float32 in [-1, 1)."""
+        return [
+            rng.uniform(-1.0, 1.0, size=s).astype(np.float32) for s in self.logical_shapes(shape)
+        ]
+
+    def pack_inputs(
+        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """Logical inputs in the kernel's argument layout for `config` (default: unchanged)."""
+        return [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
+
+    def unpack_output(
+        self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
+    ) -> np.ndarray:
+        """The kernel's output in the op's natural layout (default: unchanged)."""
+        return output
+
+
+# zmm registers a register tile's accumulators may take: 32 minus the operands of the FMAs.
+MAX_ACCUMULATORS = 28
+
+
+def register_tile_fits(
+    accumulators: int, most_possible: int, limit: int = MAX_ACCUMULATORS
+) -> bool:
+    """A tile of `accumulators` vectors neither spills nor leaves the FMA pipes idle.
+
+    Two FMA units with 4-cycle latency need at least 8 independent accumulators, unless the
+    workload is too small to have that many (`most_possible`); `limit` leaves registers for
+    the operands (a micro-kernel with more live weight vectors needs a lower one).
+    """
+    return min(8, most_possible) <= accumulators <= limit
+
+
+def output_arrays(args: Sequence[Tensor]) -> list[np.ndarray]:
+    """Zeroed arrays for the computed (non-placeholder) tensors of `args`, in order."""
+    return [np.zeros(t.shape, dtype=t.dtype) for t in args if not isinstance(t.op, PlaceholderOp)]

@@ -8,6 +8,7 @@ import numpy as np
 
 from compiler import te
 from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.ops.util import tile_choices
 from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.tensor import Tensor
 
@@ -62,14 +63,6 @@ class MatmulTemplate:
         if config["unroll"]:
             stage.unroll(ki)
         return sch, [a, b, c]
-
-
-def tile_choices(extent: int, cap: int) -> tuple[int, ...]:
-    """Powers of two and divisors of `extent`, up to min(extent, cap), ascending."""
-    limit = min(extent, cap)
-    powers = {1 << p for p in range(limit.bit_length()) if 1 << p <= limit}
-    divisors = {d for d in range(1, limit + 1) if extent % d == 0}
-    return tuple(sorted(powers | divisors))
 
 
 def _workload(shape: tuple[int, ...]) -> tuple[int, int, int]:

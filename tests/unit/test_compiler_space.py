@@ -51,7 +51,7 @@ def test_matmul_template() -> None:
     assert space.knobs[0].choices == (1, 2, 4, 7)
     assert tile_choices(1024, 64) == (1, 2, 4, 8, 16, 32, 64)
     assert tile_choices(12, 128) == (1, 2, 3, 4, 6, 8, 12)
-    with pytest.raises(KeyError, match="known: matmul"):
+    with pytest.raises(KeyError, match=r"known: .*matmul"):
         ops.get_template("conv9d")
     with pytest.raises(ValueError, match="positive ints"):
         template.config_space((7, 13))

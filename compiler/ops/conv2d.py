@@ -1,0 +1,338 @@
+"""conv2d in NCHW[x]c (TVM's x86 direct convolution), for KxK, 1x1 and the small-channel stem.
+
+Workload (N, IC, H, W, OC, KH, KW, stride, pad, epilogue), float32; H and W are the unpadded
+input's, `epilogue` is 0 (none), 1 (+ bias) or 2 (+ bias, then ReLU). Arguments, in order:
+the pre-padded input `[N][IC/icb][H+2p][W+2p][icb]`, the packed weight
+`[OC/ocb][IC/icb][KH][KW][icb][ocb]`, the bias `[OC/ocb][ocb]` when there is an epilogue, and the
+output `[N][OC/ocb][OH][OW][ocb]` (see `layout`).
+
+The schedule's micro-kernel is a register tile of `reg_n` output pixels of one row times one
+block of `ocb` output channels (reg_n x ocb/16 vector accumulators); per input channel and
+kernel tap it broadcasts one input value per pixel and reads one vector of weights per 16
+channels. The accumulators are a `cache_write` "local" tile computed at (compute_at) the output's
+register-tile loop; the epilogue is its own stage, into which the convolution's stage is
+inlined, so bias and ReLU are applied to the accumulators as they are stored (and the OW tail,
+when reg_n does not divide OW, is the core's loop partition's business).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from compiler import te
+from compiler.ir import expr as E
+from compiler.ops.base import OpTemplate, register_tile_fits
+from compiler.ops.layout import pack_bias, pack_conv_weight, pack_nchwc, pad_spatial, unpack_nchwc
+from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.ops.util import VECTOR_LANES, ceil_div, channel_blocks, check_workload, tile_choices
+from compiler.schedule.schedule import Schedule, Stage, create_schedule
+from compiler.te.tensor import ComputeOp, IterVar, Reduce, Tensor
+
+FIELDS = ("N", "IC", "H", "W", "OC", "KH", "KW", "stride", "pad", "epilogue")
+EPILOGUES = {0: "none", 1: "bias", 2: "bias_relu"}
+# Where the output-channel block loop sits: outside the rows ("outer": a block's weights stay
+# in L1/L2 across the image) or inside the pixel tile ("inner": the input tile stays in L1).
+OC_ORDERS = ("outer", "inner")
+CONV_MAX_TILE = 24  # accumulator vectors: a conv tile also keeps weight vectors live per tap
+
+
+def conv_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The workload checked, with (OH, OW) appended.
+
+    Raises:
+        ValueError: a field is out of range or the kernel does not fit the padded image.
+    """
+    _, _, h, w, _, kh, kw, stride, pad, epilogue = check_workload(
+        name, shape, FIELDS, may_be_zero=("pad", "epilogue")
+    )
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"{name}: epilogue must be one of {EPILOGUES}, got {epilogue}")
+    if h + 2 * pad < kh or w + 2 * pad < kw:
+        raise ValueError(
+            f"{name}: a {kh}x{kw} kernel does not fit the padded {h + 2 * pad}x{w + 2 * pad} input"
+        )
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (w + 2 * pad - kw) // stride + 1
+    return (*shape, oh, ow)
+
+
+def conv2d_reference(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: int, pad: int, relu: bool
+) -> np.ndarray:
+    """NCHW convolution of `x` with OIHW `w`, by numpy (float64 sums, float32 result)."""
+    _, _, h, wd = x.shape
+    oc, _, kh, kw = w.shape
+    xp = pad_spatial(x.astype(np.float64), pad)
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((x.shape[0], oc, oh, ow), np.float64)
+    for y in range(kh):
+        for xx in range(kw):
+            window = xp[
+                :,
+                :,
+                y : y + stride * (oh - 1) + 1 : stride,
+                xx : xx + stride * (ow - 1) + 1 : stride,
+            ]
+            out += np.einsum("nchw,oc->nohw", window, w[:, :, y, xx].astype(np.float64))
+    if bias is not None:
+        out += bias.reshape(1, oc, 1, 1)
+    if relu:
+        out = np.maximum(out, 0.0)
+    return out.astype(np.float32)
+
+
+def conv2d_nchwc_compute(
+    x: Tensor, w: Tensor, stride: int, out_hw: tuple[int, int], name: str = "conv"
+) -> Tensor:
+    """The convolution sums over pre-padded NCHW[x]c `x` and packed `w`, in NCHW[x]c."""
+    n = x.shape[0]
+    oc_blocks, ic_blocks, kh, kw, icb, ocb = w.shape
+    rco = te.reduce_axis((0, ic_blocks), name="rco")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rci = te.reduce_axis((0, icb), name="rci")
+    return te.compute(
+        (n, oc_blocks, *out_hw, ocb),
+        lambda b, oco, oh, ow, oci: te.sum(
+            x[b, rco, oh * stride + ry.var, ow * stride + rx.var, rci]
+            * w[oco, rco, ry, rx, rci, oci],
+            axis=(rco, ry, rx, rci),
+        ),
+        name=name,
+    )
+
+
+def epilogue_compute(conv: Tensor, bias: Tensor, relu: bool, name: str = "out") -> Tensor:
+    """conv + bias per output channel, then max(., 0) if `relu`, in NCHW[x]c."""
+
+    def body(b: E.Var, co: E.Var, y: E.Var, xx: E.Var, ci: E.Var) -> E.Expr:
+        value = conv[b, co, y, xx, ci] + bias[co, ci]
+        return E.Max(value, E.FloatImm(0.0)) if relu else value
+
+    return te.compute(conv.shape, body, name=name)
+
+
+class Conv2dNCHWcTemplate(OpTemplate):
+    """Direct KxK convolution in NCHW[x]c with an ow register tile."""
+
+    name = "conv2d_nchwc"
+    fields = FIELDS
+
+    def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return conv_geometry(self.name, shape)
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        _, ic, _, _, oc, _, _, _, _, _, _, ow = self.geometry(shape)
+        return ConfigSpace(
+            [
+                Knob("ic_block", channel_blocks(ic)),
+                Knob("oc_block", channel_blocks(oc)),
+                Knob("reg_n", tile_choices(ow, 32)),
+                Knob("unroll_kw", (True, False)),
+                Knob("oc_order", OC_ORDERS),
+            ]
+        )
+
+    def worth_measuring(self, shape: tuple[int, ...], config: Config) -> bool:
+        geometry = self.geometry(shape)
+        oc, ow = geometry[4], geometry[-1]
+        rows = int(config["oh_tile"]) if "oh_tile" in config else 1
+        vectors = ceil_div(int(config["oc_block"]), VECTOR_LANES)
+        most = min(ow * rows, 28) * min(ceil_div(oc, VECTOR_LANES), 4)
+        # Measured here: 28-vector conv tiles ran at half the speed of 14-vector ones.
+        return register_tile_fits(int(config["reg_n"]) * rows * vectors, most, CONV_MAX_TILE)
+
+    def blocks(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:
+        """(ic_block, oc_block) of `config`, or of the default layout."""
+        if config is not None:
+            return int(config["ic_block"]), int(config["oc_block"])
+        _, ic, _, _, oc, *_ = self.geometry(shape)
+        return channel_blocks(ic)[0], channel_blocks(oc)[0]
+
+    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        n, ic, h, w, oc, kh, kw, _, _, epilogue, _, _ = self.geometry(shape)
+        shapes: list[tuple[int, ...]] = [(n, ic, h, w), (oc, ic, kh, kw)]
+        return [*shapes, (oc,)] if epilogue else shapes
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        """Needs the workload's stride and pad: use `reference_for`."""
+        raise TypeError(f"{self.name}: the reference needs the workload; call reference_for")
+
+    def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
+        """The NCHW output for logical inputs (x, w[, bias])."""
+        *_, stride, pad, epilogue, _, _ = self.geometry(shape)
+        bias = inputs[2] if epilogue else None
+        return conv2d_reference(inputs[0], inputs[1], bias, stride, pad, epilogue == 2)
+
+    def flop(self, shape: tuple[int, ...]) -> float:
+        n, ic, _, _, oc, kh, kw, _, _, _, oh, ow = self.geometry(shape)
+        return 2.0 * n * oc * oh * ow * ic * kh * kw
+
+    def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
+        n, ic, h, w, oc, kh, kw, stride, pad, epilogue, oh, ow = self.geometry(shape)
+        icb, ocb = self.blocks(shape, config)
+        x = te.placeholder((n, ic // icb, h + 2 * pad, w + 2 * pad, icb), name="data")
+        wt = te.placeholder((oc // ocb, ic // icb, kh, kw, icb, ocb), name="weight")
+        conv = conv2d_nchwc_compute(x, wt, stride, (oh, ow))
+        if not epilogue:
+            return [x, wt, conv]
+        bias = te.placeholder((oc // ocb, ocb), name="bias")
+        out = epilogue_compute(conv, bias, relu=epilogue == 2)
+        return [x, wt, bias, out]
+
+    def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
+        """Accumulators in a local tile computed at the output's register-tile loop.
+
+        The convolution is cache-written to a "local" tile; with an epilogue, the convolution's
+        own stage is inlined into the epilogue, so bias and ReLU apply to the accumulators on
+        their way to memory.
+        """
+        out = args[-1]
+        sch = create_schedule(out)
+        assert isinstance(out.op, ComputeOp)
+        conv = out
+        if not isinstance(out.op.body, Reduce):
+            conv = next(t for t in out.op.inputs if isinstance(t.op, ComputeOp))
+        acc = sch.cache_write(conv, "local")
+        if conv is not out:
+            sch[conv].compute_inline()
+        st = sch[out]
+        attach = self.schedule_output(st, config)
+        st.vectorize(st.leaf_iter_vars[-1])
+        sch[acc].compute_at(st, attach)
+        self.schedule_accumulators(sch[acc], config)
+        return sch
+
+    def schedule_output(self, st: Stage, config: Config) -> IterVar:
+        """ow split by reg_n: loops n, oco, oh, owo | owi (unrolled), oci; returns the last outer.
+
+        With oc_order "inner" the output-channel blocks loop inside the pixel tile (n, oh, owo,
+        oco): a tile of input stays in L1 while every block of weights passes over it.
+        """
+        b, oco, oh, ow, oci = st.axis
+        owo, owi = st.split(ow, int(config["reg_n"]))
+        outer = [b, oco, oh, owo] if config["oc_order"] == "outer" else [b, oh, owo, oco]
+        st.reorder(*outer, owi, oci)
+        st.unroll(owi)
+        return outer[-1]
+
+    def schedule_accumulators(self, st: Stage, config: Config) -> None:
+        """Loops rco, ry, rx, rci | ow (unrolled), oci (vector) inside the output's tile.
+
+        With unroll_kw the kernel columns move inside the channel loop and are unrolled (TVM's
+        order rco, ry, rci, rx): one loop body of KW x reg_n FMAs per vector, whose input
+        broadcasts for neighbouring columns share cache lines.
+        """
+        b, oco, oh, ow, oci = st.axis
+        rco, ry, rx, rci = st.reduce_axis
+        if config["unroll_kw"]:
+            st.reorder(rco, ry, rci, rx, b, oco, oh, ow, oci)
+            st.unroll(rx)
+        else:
+            st.reorder(rco, ry, rx, rci, b, oco, oh, ow, oci)
+        st.unroll(ow)
+        st.vectorize(oci)
+
+    def pack_inputs(
+        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        *_, pad, epilogue, _, _ = self.geometry(shape)
+        icb, ocb = self.blocks(shape, config)
+        packed = [
+            pack_nchwc(pad_spatial(np.asarray(inputs[0], np.float32), pad), icb),
+            pack_conv_weight(np.asarray(inputs[1], np.float32), icb, ocb),
+        ]
+        if epilogue:
+            packed.append(pack_bias(np.asarray(inputs[2], np.float32), ocb))
+        return packed
+
+    def unpack_output(
+        self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
+    ) -> np.ndarray:
+        return unpack_nchwc(output)
+
+
+class Conv2d1x1Template(Conv2dNCHWcTemplate):
+    """1x1 convolution (the ResNet downsample): a register tile of oh_tile rows x reg_n pixels."""
+
+    name = "conv2d_1x1_nchwc"
+
+    def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        geometry = conv_geometry(self.name, shape)
+        if geometry[5:7] != (1, 1):
+            raise ValueError(f"{self.name}: kernel must be 1x1, got {geometry[5]}x{geometry[6]}")
+        return geometry
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        _, ic, _, _, oc, _, _, _, _, _, oh, ow = self.geometry(shape)
+        return ConfigSpace(
+            [
+                Knob("ic_block", channel_blocks(ic)),
+                Knob("oc_block", channel_blocks(oc)),
+                Knob("reg_n", tile_choices(ow, 32)),
+                Knob("oh_tile", tuple(t for t in (1, 2, 4) if t <= oh)),
+                Knob("oc_order", OC_ORDERS),
+            ]
+        )
+
+    def schedule_output(self, st: Stage, config: Config) -> IterVar:
+        """oh and ow tiled: loops n, oco, oho, owo | ohi, owi (unrolled), oci; returns the last outer."""
+        b, oco, oh, ow, oci = st.axis
+        oho, ohi = st.split(oh, int(config["oh_tile"]))
+        owo, owi = st.split(ow, int(config["reg_n"]))
+        outer = [b, oco, oho, owo] if config["oc_order"] == "outer" else [b, oho, owo, oco]
+        st.reorder(*outer, ohi, owi, oci)
+        st.unroll(ohi)
+        st.unroll(owi)
+        return outer[-1]
+
+    def schedule_accumulators(self, st: Stage, config: Config) -> None:
+        """Loops rco, rci | oh, ow (unrolled), oci (vector) inside the output's tile."""
+        b, oco, oh, ow, oci = st.axis
+        rco, ry, rx, rci = st.reduce_axis
+        st.reorder(rco, ry, rx, rci, b, oco, oh, ow, oci)
+        st.unroll(oh)
+        st.unroll(ow)
+        st.vectorize(oci)
+
+
+class Conv2dStemTemplate(Conv2dNCHWcTemplate):
+    """The small-channel stem (ResNet's 7x7/2 on 3 channels): input channels in one block.
+
+    With 3 input channels a channel block of 16 is impossible, so the input is one block of IC
+    channels per pixel (RGB interleaved) and the kernel's taps and channels are unrolled around
+    the register tile: for each kernel row, KW x IC broadcasts per pixel against one weight
+    vector each.
+    """
+
+    name = "conv2d_stem_nchwc"
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        _, ic, _, _, oc, _, _, _, _, _, _, ow = self.geometry(shape)
+        return ConfigSpace(
+            [
+                Knob("ic_block", (ic,)),
+                Knob("oc_block", channel_blocks(oc)),
+                Knob("reg_n", tile_choices(ow, 32)),
+                Knob("unroll_kw", (True, False)),
+                Knob("oc_order", OC_ORDERS),
+            ]
+        )
+
+    def blocks(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:
+        _, ic, _, _, oc, *_ = self.geometry(shape)
+        return ic, int(config["oc_block"]) if config is not None else channel_blocks(oc)[0]
+
+    def schedule_accumulators(self, st: Stage, config: Config) -> None:
+        """Loops ry, rx (unrolled or not), rci (unrolled) | ow (unrolled), oci (vector)."""
+        b, oco, oh, ow, oci = st.axis
+        rco, ry, rx, rci = st.reduce_axis
+        st.reorder(rco, ry, rx, rci, b, oco, oh, ow, oci)
+        if config["unroll_kw"]:
+            st.unroll(rx)
+        st.unroll(rci)
+        st.unroll(ow)
+        st.vectorize(oci)

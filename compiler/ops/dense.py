@@ -1,0 +1,180 @@
+"""Dense with packed weights: C[m, n] = sum_k A[m, k] * B[k, n], B packed to [ceil(N/nr)][K][nr].
+
+Workload (M, N, K), float32. The schedule is a register tile of `mr` rows of A times one packed
+panel of `nr` columns (nr/16 vectors): the accumulators are a `cache_write` "local" tile placed
+(compute_at) inside the row-tile loop, which gcc keeps in mr x nr/16 vector registers; per k the
+micro-kernel broadcasts one value of A per row and reads nr/16 contiguous vectors of B. Row
+tiles are grouped in blocks of `m_tiles` (BLIS' MC) so a block of A stays in L2 while every
+panel of B passes over it.
+When nr divides N the output is declared [M][N/nr][nr], the same bytes as [M][N], so packed
+columns index it without division; otherwise it is [M][N] and the panel index is n // nr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from compiler import te
+from compiler.ir import expr as E
+from compiler.ops.base import OpTemplate, register_tile_fits
+from compiler.ops.layout import pack_dense_weight
+from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.ops.util import VECTOR_LANES, ceil_div, check_workload
+from compiler.schedule.schedule import Schedule, create_schedule
+from compiler.te.tensor import ComputeOp, IterVar, Reduce, Tensor
+
+_FIELDS = ("M", "N", "K")
+_NR = (16, 32, 48, 64)  # panel widths: 1 to 4 zmm registers
+_MR = (1, 2, 4, 6, 8, 12)  # rows of the register tile
+_M_TILES = (0, 4, 16, 64)
+_KC = (128, 256, 512)
+
+
+def _nr_choices(n: int) -> tuple[int, ...]:
+    # Wider than N rounded up to a vector only pads with zero columns.
+    useful = tuple(nr for nr in _NR if nr <= ceil_div(n, VECTOR_LANES) * VECTOR_LANES)
+    return useful or (_NR[0],)
+
+
+class DenseTemplate(OpTemplate):
+    """Dense (matrix product) with B pre-packed into column panels."""
+
+    name = "dense"
+    fields = _FIELDS
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        m, n, k = check_workload(self.name, shape, _FIELDS)
+        return ConfigSpace(
+            [
+                Knob("nr", _nr_choices(n)),
+                Knob("mr", tuple(r for r in _MR if r <= m) or (1,)),
+                # Row tiles per block of A that stays in L2 while every panel of B passes over
+                # it; 0 means all of M (then each panel of B is read once, A once per panel).
+                Knob("m_tiles", _M_TILES),
+                # BLIS' KC: a [kc][nr] panel of B stays in L1 across a block's row tiles.
+                Knob("kc", (k, *(c for c in _KC if c < k and k % c == 0))),
+                Knob("unroll_k", (1, 2, 4)),
+            ]
+        )
+
+    def worth_measuring(self, shape: tuple[int, ...], config: Config) -> bool:
+        m, n, _ = check_workload(self.name, shape, _FIELDS)
+        vectors = int(config["nr"]) // VECTOR_LANES
+        most = min(m, 12) * min(ceil_div(n, VECTOR_LANES), 4)
+        return register_tile_fits(int(config["mr"]) * vectors, most)
+
+    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        m, n, k = check_workload(self.name, shape, _FIELDS)
+        return [(m, k), (k, n)]
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        a, b = inputs
+        return np.matmul(a, b, dtype=np.float32)
+
+    def flop(self, shape: tuple[int, ...]) -> float:
+        m, n, k = check_workload(self.name, shape, _FIELDS)
+        return 2.0 * m * n * k
+
+    def _nr(self, config: Config | None) -> int:
+        return int(config["nr"]) if config is not None else _NR[0]
+
+    def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
+        m, n, k = check_workload(self.name, shape, _FIELDS)
+        nr = self._nr(config)
+        kc = int(config["kc"]) if config is not None else k
+        a = te.placeholder((m, k), "float32", name="A")
+        bp = te.placeholder((ceil_div(n, nr), k, nr), "float32", name="B_packed")
+        whole = n % nr == 0
+        out_shape = (m, n // nr, nr) if whole else (m, n)
+
+        def b_at(kk: E.Expr, cols: tuple[E.Var, ...]) -> E.Expr:
+            if whole:
+                return bp[cols[0], kk, cols[1]]
+            return bp[cols[0] // nr, kk, cols[0] % nr]
+
+        if kc >= k:
+            r = te.reduce_axis((0, k), name="k")
+            c = te.compute(
+                out_shape,
+                lambda i, *cols: te.sum(a[i, r] * b_at(r.var, cols), axis=r),
+                name="C",
+            )
+            return [a, bp, c]
+        # BLIS: partial products per k block (kept in registers), summed into C block by block.
+        rk = te.reduce_axis((0, kc), name="k")
+        part = te.compute(
+            (k // kc, *out_shape),
+            lambda ko, i, *cols: te.sum(
+                a[i, ko * kc + rk.var] * b_at(ko * kc + rk.var, cols), axis=rk
+            ),
+            name="C_part",
+        )
+        rko = te.reduce_axis((0, k // kc), name="ko")
+        c = te.compute(
+            out_shape, lambda i, *cols: te.sum(part[(rko, i, *cols)], axis=rko), name="C"
+        )
+        return [a, bp, c]
+
+    def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
+        """Loops [ko] mb, jo, mt | k | mi, ji over a register-resident [mr][nr] tile.
+
+        Without k blocks the tile is C's `cache_write` "local" copy; with them it is the k
+        block's partial product, a local stage computed at the row-tile loop, and C's own
+        reduction over k blocks (outermost) adds each tile into memory once per block.
+        """
+        nr, mr = int(config["nr"]), int(config["mr"])
+        c = args[-1]
+        sch = create_schedule(c)
+        assert isinstance(c.op, ComputeOp)
+        blocked = isinstance(c.op.body, Reduce) and c.op.body.axis[0].name == "ko"
+        if blocked:
+            part = next(t for t in c.op.inputs if isinstance(t.op, ComputeOp))
+        else:
+            part = sch.cache_write(c, "local")
+        st = sch[c]
+        if len(st.axis) == 3:
+            i, jo, ji = st.axis
+        else:
+            i, j = st.axis
+            jo, ji = st.split(j, nr)
+        io, ii = st.split(i, mr)
+        tiles = int(config["m_tiles"])
+        outer: list[IterVar] = list(st.reduce_axis)
+        if tiles:
+            ib, it = st.split(io, tiles)
+            st.reorder(*outer, ib, jo, it, ii, ji)
+        else:
+            st.reorder(*outer, jo, io, ii, ji)
+            it = io
+        st.unroll(ii)
+        st.vectorize(ji)
+        at = sch[part]
+        at.compute_at(st, it)
+        if blocked:
+            at.set_scope("local")
+        (r,) = at.reduce_axis
+        unroll_k = int(config["unroll_k"])
+        if unroll_k > 1:
+            ro, ri = at.split(r, unroll_k)
+            at.reorder(ro, ri, *at.axis)
+            at.unroll(ri)
+        else:
+            at.reorder(r, *at.axis)
+        for axis in at.axis[:-1]:
+            at.unroll(axis)
+        at.vectorize(at.axis[-1])
+        return sch
+
+    def pack_inputs(
+        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        a, b = inputs
+        return [np.ascontiguousarray(a, np.float32), pack_dense_weight(b, self._nr(config))]
+
+    def unpack_output(
+        self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
+    ) -> np.ndarray:
+        m, n, _ = check_workload(self.name, shape, _FIELDS)
+        return output.reshape(m, n)

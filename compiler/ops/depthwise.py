@@ -1,0 +1,133 @@
+"""Depthwise conv2d in NCHW[x]c: each channel convolved with its own KxK filter.
+
+Workload (N, C, H, W, KH, KW, stride, pad), float32. Arguments: the pre-padded input
+`[N][C/cb][H+2p][W+2p][cb]`, the packed weight `[C/cb][KH][KW][cb]` (see `layout`) and the output
+`[N][C/cb][OH][OW][cb]`. The register tile is `reg_n` output pixels x one channel block: every
+tap loads one input vector per pixel and one weight vector (no broadcasts: channels are lanes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from compiler import te
+from compiler.ops.base import OpTemplate
+from compiler.ops.layout import pack_depthwise_weight, pack_nchwc, pad_spatial, unpack_nchwc
+from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.ops.util import channel_blocks, check_workload, tile_choices
+from compiler.schedule.schedule import Schedule, create_schedule
+from compiler.te.tensor import Tensor
+
+FIELDS = ("N", "C", "H", "W", "KH", "KW", "stride", "pad")
+
+
+def depthwise_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    """NCHW depthwise convolution with a [C][1][KH][KW] weight, by numpy."""
+    n, c, h, wd = x.shape
+    _, _, kh, kw = w.shape
+    xp = pad_spatial(x.astype(np.float64), pad)
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((n, c, oh, ow), np.float64)
+    for y in range(kh):
+        for xx in range(kw):
+            window = xp[
+                :,
+                :,
+                y : y + stride * (oh - 1) + 1 : stride,
+                xx : xx + stride * (ow - 1) + 1 : stride,
+            ]
+            out += window * w[:, 0, y, xx].astype(np.float64).reshape(1, c, 1, 1)
+    return out.astype(np.float32)
+
+
+class DepthwiseConv2dTemplate(OpTemplate):
+    """Depthwise convolution with channels as vector lanes and an ow register tile."""
+
+    name = "depthwise_conv2d_nchwc"
+    fields = FIELDS
+
+    def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The workload checked, with (OH, OW) appended."""
+        _, _, h, w, kh, kw, stride, pad = check_workload(
+            self.name, shape, FIELDS, may_be_zero=("pad",)
+        )
+        if h + 2 * pad < kh or w + 2 * pad < kw:
+            raise ValueError(f"{self.name}: the {kh}x{kw} kernel does not fit the padded input")
+        return (*shape, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1)
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        c, ow = self.geometry(shape)[1], self.geometry(shape)[-1]
+        return ConfigSpace(
+            [
+                Knob("c_block", channel_blocks(c)),
+                Knob("reg_n", tile_choices(ow, 16)),
+                Knob("unroll_kw", (True, False)),
+            ]
+        )
+
+    def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
+        return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
+
+    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        n, c, h, w, kh, kw, *_ = self.geometry(shape)
+        return [(n, c, h, w), (c, 1, kh, kw)]
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        raise TypeError(f"{self.name}: the reference needs the workload; call reference_for")
+
+    def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
+        _, _, _, _, _, _, stride, pad, _, _ = self.geometry(shape)
+        return depthwise_reference(inputs[0], inputs[1], stride, pad)
+
+    def flop(self, shape: tuple[int, ...]) -> float:
+        n, c, _, _, kh, kw, _, _, oh, ow = self.geometry(shape)
+        return 2.0 * n * c * oh * ow * kh * kw
+
+    def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
+        n, c, h, w, kh, kw, stride, pad, oh, ow = self.geometry(shape)
+        cb = self._block(shape, config)
+        x = te.placeholder((n, c // cb, h + 2 * pad, w + 2 * pad, cb), name="data")
+        wt = te.placeholder((c // cb, kh, kw, cb), name="weight")
+        ry = te.reduce_axis((0, kh), name="ry")
+        rx = te.reduce_axis((0, kw), name="rx")
+        out = te.compute(
+            (n, c // cb, oh, ow, cb),
+            lambda b, co, y, xx, ci: te.sum(
+                x[b, co, y * stride + ry.var, xx * stride + rx.var, ci] * wt[co, ry, rx, ci],
+                axis=(ry, rx),
+            ),
+            name="out",
+        )
+        return [x, wt, out]
+
+    def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
+        out = args[-1]
+        sch = create_schedule(out)
+        st = sch[out]
+        b, co, y, xx, ci = st.axis
+        ry, rx = st.reduce_axis
+        xo, xi = st.split(xx, int(config["reg_n"]))
+        st.reorder(b, co, y, xo, ry, rx, xi, ci)
+        if config["unroll_kw"]:
+            st.unroll(rx)
+        st.unroll(xi)
+        st.vectorize(ci)
+        return sch
+
+    def pack_inputs(
+        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        pad = self.geometry(shape)[7]
+        cb = self._block(shape, config)
+        return [
+            pack_nchwc(pad_spatial(np.asarray(inputs[0], np.float32), pad), cb),
+            pack_depthwise_weight(np.asarray(inputs[1], np.float32), cb),
+        ]
+
+    def unpack_output(
+        self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
+    ) -> np.ndarray:
+        return unpack_nchwc(output)

@@ -1,0 +1,283 @@
+"""Every op template vs its numpy reference: built with gcc (several configs per shape, odd sizes
+included) and, on tiny shapes, run through the loop-IR interpreter."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from compiler import ops, toolchain
+from compiler.codegen.c import render_c
+from compiler.codegen.timing import render_timing
+from compiler.ir import interpreter
+from compiler.lower import lower
+from compiler.ops import layout
+from compiler.ops.base import MAX_ACCUMULATORS, OpTemplate, output_arrays
+from compiler.ops.space import Config
+from compiler.te.tensor import ComputeOp
+
+# (template, shapes built with gcc, a tiny shape for the interpreter)
+CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
+    "dense": ([(64, 96, 80), (7, 33, 19), (1, 16, 300), (16, 32, 256)], (3, 20, 5)),
+    "conv2d_nchwc": (
+        [
+            (1, 32, 9, 9, 32, 3, 3, 1, 1, 0),
+            (1, 16, 7, 11, 48, 3, 3, 2, 1, 2),
+            (2, 3, 6, 5, 5, 3, 3, 1, 0, 1),
+        ],
+        (1, 2, 4, 3, 2, 3, 3, 1, 1, 2),
+    ),
+    "conv2d_1x1_nchwc": (
+        [(1, 32, 9, 9, 64, 1, 1, 2, 0, 0), (1, 16, 5, 7, 16, 1, 1, 1, 0, 1)],
+        (1, 4, 3, 3, 2, 1, 1, 2, 0, 0),
+    ),
+    "conv2d_stem_nchwc": (
+        [(1, 3, 21, 19, 32, 7, 7, 2, 3, 2), (1, 3, 10, 10, 16, 3, 3, 1, 1, 0)],
+        (1, 3, 5, 5, 2, 3, 3, 2, 1, 1),
+    ),
+    "depthwise_conv2d_nchwc": (
+        [(1, 32, 9, 9, 3, 3, 1, 1), (2, 16, 8, 7, 3, 3, 2, 1), (1, 5, 6, 6, 5, 5, 1, 2)],
+        (1, 2, 4, 4, 3, 3, 1, 1),
+    ),
+    "max_pool2d_nchwc": ([(1, 32, 11, 11, 3, 2, 1), (1, 5, 6, 7, 2, 2, 0)], (1, 2, 4, 4, 3, 2, 1)),
+    "avg_pool2d_nchwc": ([(1, 16, 9, 8, 3, 1, 1), (2, 3, 5, 5, 2, 1, 0)], (1, 2, 4, 4, 2, 2, 1)),
+    "global_avg_pool2d_nchwc": ([(1, 32, 7, 7), (2, 5, 3, 4)], (1, 2, 2, 3)),
+    "reduce_sum": ([(37, 65, 0), (37, 65, 1), (8, 128, 1)], (3, 5, 1)),
+    "softmax": ([(4, 100), (3, 128), (1, 7)], (2, 5)),
+    "layer_norm": ([(4, 100), (3, 128), (2, 7)], (2, 5)),
+    "add": ([(5, 67), (16, 128)], (2, 5)),
+    "multiply": ([(3, 33)], (2, 3)),
+    "relu": ([(4, 100)], (2, 3)),
+    "add_relu": ([(9, 96), (1, 7)], (2, 5)),
+}
+CONFIGS_PER_SHAPE = 2
+
+
+@pytest.fixture(autouse=True)
+def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
+    yield cache
+
+
+def template(name: str) -> OpTemplate:
+    t = ops.get_template(name)
+    assert isinstance(t, OpTemplate)
+    return t
+
+
+def pick_configs(t: OpTemplate, shape: tuple[int, ...], count: int, seed: int) -> list[Config]:
+    """The first and last config and random others: the extremes of every knob get built."""
+    space = t.config_space(shape)
+    rng = np.random.default_rng(seed)
+    picks = {0, len(space) - 1, *(int(i) for i in rng.integers(0, len(space), count))}
+    return [space.get(i) for i in sorted(picks)][: count + 2]
+
+
+def run_built(
+    t: OpTemplate, cases: Sequence[tuple[tuple[int, ...], Config]], seed: int = 0
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Build every (shape, config) into one shared object, run each once; (ours, reference) pairs."""
+    funcs, symbols, arg_lists = [], [], []
+    for n, (shape, config) in enumerate(cases):
+        sch, args = t.instantiate(shape, config)
+        symbol = f"op{n}"
+        funcs.append((lower(sch, args, symbol), symbol))
+        symbols.append(symbol)
+        arg_lists.append(args)
+    source = render_c(funcs, extra=[render_timing(symbols)])
+    lib = ctypes.CDLL(str(toolchain.compile_shared(source).path))
+    results = []
+    rng = np.random.default_rng(seed)
+    for (shape, config), symbol, args in zip(cases, symbols, arg_lists, strict=True):
+        logical = t.random_inputs(shape, rng)
+        arrays = [*t.pack_inputs(shape, config, logical), *output_arrays(args)]
+        for array, tensor in zip(arrays, args, strict=True):
+            assert array.size == int(np.prod(tensor.shape)), f"{tensor.name} of {shape} {config}"
+        fn = lib[symbol]
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        fn.restype = ctypes.c_int32
+        pointers = (ctypes.c_void_p * len(arrays))(*(a.ctypes.data for a in arrays))
+        assert fn(pointers) == 0
+        ours = t.unpack_output(shape, config, arrays[-1].reshape(args[-1].shape))
+        results.append((ours, t.reference_for(shape, *logical)))
+    return results
+
+
+def check_close(ours: np.ndarray, ref: np.ndarray, what: str, reduction: int) -> None:
+    assert ours.shape == ref.shape, what
+    atol = 2e-5 * max(1.0, float(np.sqrt(reduction)))
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=atol, err_msg=what)
+
+
+def reduction_length(t: OpTemplate, shape: tuple[int, ...], out_size: int) -> int:
+    return max(1, round(t.flop(shape) / max(out_size, 1)))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_built_kernels_match_numpy(name: str) -> None:
+    t = template(name)
+    shapes, _ = CASES[name]
+    cases = [
+        (shape, config)
+        for s, shape in enumerate(shapes)
+        for config in pick_configs(t, shape, CONFIGS_PER_SHAPE, seed=s)
+    ]
+    assert len(cases) >= 3
+    for (shape, config), (ours, ref) in zip(cases, run_built(t, cases), strict=True):
+        check_close(
+            ours, ref, f"{name} {shape} {dict(config)}", reduction_length(t, shape, ref.size)
+        )
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_interpreted_kernels_match_numpy(name: str) -> None:
+    t = template(name)
+    shape = CASES[name][1]
+    space = t.config_space(shape)
+    rng = np.random.default_rng(1)
+    for index in sorted({0, len(space) - 1}):
+        config = space.get(index)
+        sch, args = t.instantiate(shape, config)
+        func = lower(sch, args, "op")
+        logical = t.random_inputs(shape, rng)
+        arrays = [*t.pack_inputs(shape, config, logical), *output_arrays(args)]
+        interpreter.run(func, *[a.reshape(t_.shape) for a, t_ in zip(arrays, args, strict=True)])
+        ours = t.unpack_output(shape, config, arrays[-1].reshape(args[-1].shape))
+        ref = t.reference_for(shape, *logical)
+        check_close(
+            ours, ref, f"{name} {shape} {dict(config)}", reduction_length(t, shape, ref.size)
+        )
+
+
+def test_every_library_template_is_covered() -> None:
+    assert set(ops.op_templates()) == set(CASES)
+
+
+def test_registry_keeps_matmul_and_names_the_known_templates() -> None:
+    assert ops.get_template("matmul").name == "matmul"
+    with pytest.raises(KeyError, match="known: add, add_relu"):
+        ops.get_template("conv9d")
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "message"),
+    [
+        ("dense", (4, 4), r"\(M, N, K\) of positive ints"),
+        ("dense", (4, 0, 4), "positive ints"),
+        ("conv2d_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, -1, 0), "pad, epilogue may be 0"),
+        ("conv2d_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 0, 3), "epilogue must be one of"),
+        ("conv2d_nchwc", (1, 3, 2, 2, 8, 5, 5, 1, 1, 0), "does not fit"),
+        ("conv2d_1x1_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 1, 0), "kernel must be 1x1"),
+        ("max_pool2d_nchwc", (1, 3, 4, 4, 2, 1, 2), "pad 2 must be smaller"),
+        ("reduce_sum", (3, 4, 2), "axis must be 0 or 1"),
+    ],
+)
+def test_bad_workloads_name_their_cause(name: str, shape: tuple[int, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ops.get_template(name).config_space(shape)
+
+
+def test_configs_round_trip_through_their_index() -> None:
+    for name, (shapes, _) in CASES.items():
+        space = template(name).config_space(shapes[0])
+        for index in {0, len(space) // 2, len(space) - 1}:
+            config: Any = space.get(index)
+            assert space.index_of(config) == index == config.index
+
+
+def test_layout_packings_round_trip_and_match_their_tensor_expressions() -> None:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 6, 3, 5)).astype(np.float32)
+    packed = layout.pack_nchwc(x, 3)
+    assert packed.shape == (2, 2, 3, 5, 3)
+    assert packed[1, 1, 2, 4, 2] == x[1, 5, 2, 4]
+    np.testing.assert_array_equal(layout.unpack_nchwc(packed), x)
+
+    from compiler import te
+    from compiler.schedule import create_schedule
+
+    src = te.placeholder(x.shape, name="src")
+    pk = layout.compute_pack_nchwc(src, 3)
+    got = np.zeros(pk.shape, np.float32)
+    interpreter.run(lower(create_schedule(pk), [src, pk], "pack"), x, got)
+    np.testing.assert_array_equal(got, packed)
+    blocked = te.placeholder(packed.shape, name="blocked")
+    up = layout.compute_unpack_nchwc(blocked)
+    back = np.zeros(up.shape, np.float32)
+    interpreter.run(lower(create_schedule(up), [blocked, up], "unpack"), packed, back)
+    np.testing.assert_array_equal(back, x)
+
+
+def test_weight_packings_put_each_value_where_the_kernels_read_it() -> None:
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((8, 6, 3, 2)).astype(np.float32)  # OIHW
+    wp = layout.pack_conv_weight(w, ic_block=3, oc_block=4)
+    assert wp.shape == (2, 2, 3, 2, 3, 4)
+    assert wp[1, 0, 2, 1, 2, 3] == w[1 * 4 + 3, 0 * 3 + 2, 2, 1]
+    dw = rng.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    assert layout.pack_depthwise_weight(dw, 3)[1, 2, 0, 1] == dw[4, 0, 2, 0]
+    b = rng.standard_normal((5, 7)).astype(np.float32)  # [K][N], N not a multiple of nr
+    bp = layout.pack_dense_weight(b, 4)
+    assert bp.shape == (2, 5, 4)
+    assert bp[1, 3, 2] == b[3, 6] and bp[1, 3, 3] == 0.0  # the padded column is zero
+    with pytest.raises(ValueError, match="block 4 does not divide 6"):
+        layout.pack_nchwc(x_of((1, 6, 2, 2)), 4)
+    padded = layout.pad_spatial(x_of((1, 1, 2, 2)), 1, -np.inf)
+    assert padded.shape == (1, 1, 4, 4) and padded[0, 0, 0, 0] == -np.inf
+
+
+def x_of(shape: tuple[int, ...]) -> np.ndarray:
+    return np.ones(shape, np.float32)
+
+
+def test_register_budget_prunes_spilling_tiles_but_keeps_some() -> None:
+    dense = template("dense")
+    space = dense.config_space((512, 512, 512))
+    kept = [
+        c for c in map(space.get, range(len(space))) if dense.worth_measuring((512, 512, 512), c)
+    ]
+    assert kept and len(kept) < len(space)
+    for c in kept:
+        assert c["mr"] * c["nr"] // 16 <= MAX_ACCUMULATORS
+    spill = space.index_of({"nr": 64, "mr": 12, "m_tiles": 0, "kc": 512, "unroll_k": 1})
+    assert not dense.worth_measuring((512, 512, 512), space.get(spill))
+    tiny = (1, 16, 2, 2, 16, 1, 1, 1, 0, 0)  # a 2x2 image has no room for 8 accumulators
+    conv = template("conv2d_1x1_nchwc")
+    tiny_space = conv.config_space(tiny)
+    assert any(conv.worth_measuring(tiny, tiny_space.get(i)) for i in range(len(tiny_space)))
+
+
+@pytest.mark.parametrize("shape", [(24, 48, 256), (9, 40, 256)])
+def test_dense_k_blocks_accumulate_into_c(shape: tuple[int, int, int]) -> None:
+    dense = template("dense")
+    space = dense.config_space(shape)
+    blocked = [
+        space.get(space.index_of({"nr": nr, "mr": mr, "m_tiles": tiles, "kc": 128, "unroll_k": u}))
+        for nr, mr, tiles, u in ((16, 4, 0, 1), (32, 6, 4, 2))
+    ]
+    for config, (ours, ref) in zip(
+        blocked, run_built(dense, [(shape, c) for c in blocked]), strict=True
+    ):
+        check_close(ours, ref, f"dense {shape} {dict(config)}", shape[2])
+    small = (2, 16, 256)
+    config = dense.config_space(small).get(
+        dense.config_space(small).index_of(
+            {"nr": 16, "mr": 2, "m_tiles": 0, "kc": 128, "unroll_k": 2}
+        )
+    )
+    sch, args = dense.instantiate(small, config)
+    out_op = sch.outputs[0].op
+    assert isinstance(out_op, ComputeOp)
+    assert any(t.name == "C_part" for t in out_op.inputs)
+    logical = dense.random_inputs(small, np.random.default_rng(3))
+    arrays = [*dense.pack_inputs(small, config, logical), *output_arrays(args)]
+    interpreter.run(lower(sch, args, "op"), *arrays)
+    check_close(
+        dense.unpack_output(small, config, arrays[-1]), dense.reference(*logical), "dense", 256
+    )
