@@ -112,7 +112,18 @@ static inline int64_t kiln_floormod_int64(int64_t a, int64_t b) {
   int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+/* min/max as functions, so nested ones do not repeat their operands (a ? : chain would). */
+#define KILN_MINMAX(T, N) \
+  static inline T kiln_min_##N(T a, T b) { return a < b ? a : b; } \
+  static inline T kiln_max_##N(T a, T b) { return a > b ? a : b; }
+KILN_MINMAX(float, float32)
+KILN_MINMAX(double, float64)
+KILN_MINMAX(int32_t, int32)
+KILN_MINMAX(int64_t, int64)
 """
+
+
+_MINMAX_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 
 
 def check_symbol(symbol: str) -> str:
@@ -257,6 +268,8 @@ class FunctionWriter:
             return f"kiln_{helper}_{e.dtype}({self.expr(e.a)}, {self.expr(e.b)})"
         if isinstance(e, E.Min | E.Max):
             a, b = self.expr(e.a), self.expr(e.b)
+            if e.dtype in _MINMAX_DTYPES:
+                return f"kiln_{'min' if isinstance(e, E.Min) else 'max'}_{e.dtype}({a}, {b})"
             return f"({a} {'<' if isinstance(e, E.Min) else '>'} {b} ? {a} : {b})"
         if type(e) in _INFIX:
             assert isinstance(e, E.BinaryOp)

@@ -31,7 +31,7 @@ def rewrite(
                     return new
             return read
         if isinstance(e, Reduce):
-            return Reduce(visit(e.source), e.axis)
+            return Reduce(visit(e.source), e.axis, e.combiner)
         kids = E.children(e)
         if not kids:
             return e

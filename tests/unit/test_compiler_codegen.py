@@ -8,7 +8,7 @@ from compiler import ops, te, toolchain
 from compiler.build import build_source
 from compiler.codegen.c import check_symbol, render_c
 from compiler.errors import BuildError, CodegenError
-from compiler.ir import Buffer, FloorDiv, For, ForKind, IntImm, Load, PrimFunc, Store, Var
+from compiler.ir import Buffer, Expr, FloorDiv, For, ForKind, IntImm, Load, PrimFunc, Store, Var
 from compiler.schedule import create_schedule
 
 MATMUL = ops.get_template("matmul")
@@ -94,3 +94,20 @@ def test_target_table() -> None:
     assert toolchain.get_target("x86_64-avx2").flags[-1] == "-march=x86-64-v3"
     with pytest.raises(BuildError, match="unknown target 'riscv'"):
         toolchain.get_target("riscv")
+
+
+def test_nested_max_renders_in_linear_size() -> None:
+    # A 12-wide sliding maximum written as a chain of maxima: a ?: rendering repeats both operands
+    # at each level, so its size doubles per term (9 terms of a pooling window once took 40 MB).
+    a = te.placeholder((16, 28), name="A")
+
+    def window(i: Var, j: Var) -> Expr:
+        acc: Expr = a[i, j]
+        for d in range(1, 12):
+            acc = te.maximum(acc, a[i, j + d])
+        return acc
+
+    c = te.compute((16, 16), window, name="C")
+    src = build_source(create_schedule(c), [a, c], "slide")
+    assert "kiln_max_float32(" in src
+    assert len(src) < 20_000, len(src)

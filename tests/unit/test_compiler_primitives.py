@@ -216,3 +216,20 @@ def test_split_by_nparts() -> None:
     assert (io.extent, ii.extent) == (3, 4)
     _, err = run_matmul(s, [a, b, c])
     assert err < 1e-4
+
+
+@pytest.mark.parametrize("combiner", ["max", "min"])
+def test_cache_write_keeps_the_combiner_of_a_reduction(combiner: str) -> None:
+    a = te.placeholder((6, 9), name="A")
+    r = te.reduce_axis((0, 9), name="r")
+    reduce = te.max if combiner == "max" else te.min
+    c = te.compute((6,), lambda i: reduce(a[i, r], axis=r), name="C")
+    s = create_schedule(c)
+    cl = s.cache_write(c, "local")
+    s[cl].compute_at(s[c], s[c].axis[0])
+    func = lower(s, [a, c], "red")
+    xa = RNG.standard_normal(a.shape, dtype=np.float32) - 5.0  # all negative: a sum from 0 fails
+    out = np.full(c.shape, np.nan, np.float32)
+    interpreter.run(func, xa, out)
+    reference = xa.max(axis=1) if combiner == "max" else xa.min(axis=1)
+    np.testing.assert_allclose(out, reference)
