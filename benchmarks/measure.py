@@ -3,11 +3,13 @@
     .venv/bin/python benchmarks/measure.py [--candidates 200] [--noise-repeats 30] [--rounds 3]
 
 A `kiln-tracker` and two `kiln-agent` processes (cpu backend, one device each) start on 127.0.0.1.
-Every candidate is one full cycle with raw gRPC stubs: Acquire a lease, Has -> skip or Upload,
-Measure (number=1, repeat=1) of a small kernel, Release. Two kinds of candidate, interleaved so
-that both see the same machine noise:
+Every candidate is one full cycle with raw gRPC stubs, the protocol of tuner.runner.pool: Acquire
+a lease, Has -> skip or Upload (Has only for an artifact this client has not seen on that agent;
+a Measure answered with the hash in missing_sha256 re-uploads and measures again), Measure
+(number=1, repeat=1) of a small kernel, Release. Two kinds of candidate, interleaved so that both
+see the same machine noise:
 
-    cached   the same artifact every time (Has says present; no upload)
+    cached   the same artifact every time (after the first cycle on each agent: no Has, no upload)
     upload   a new ~20 KB artifact every time (a constant in the C source differs, so each hash is
              new); all of them are compiled before any timing starts
 
@@ -176,6 +178,7 @@ class Client:
         self._tracker_channel = grpc.insecure_channel(tracker)
         self.tracker = tracker_pb2_grpc.TrackerStub(self._tracker_channel)
         self._agents: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentStub]] = {}
+        self.held: set[tuple[str, str]] = set()  # (agent address, sha256) known to be there
         # Milliseconds per RPC of every cycle, by phase: where a cycle's time goes.
         self.phases: dict[str, list[float]] = {
             "Acquire": [],
@@ -197,7 +200,8 @@ class Client:
         self._tracker_channel.close()
 
     def cycle(self, art: Built, config: common_pb2.EvaluatorConfig) -> common_pb2.MeasureResult:
-        """Acquire, Has -> skip or Upload, Measure, Release: one candidate."""
+        """Acquire, Has -> skip or Upload (Has only for an artifact new to that agent), Measure,
+        Release: one candidate."""
         clock = [time.perf_counter()]
 
         def lap(phase: str) -> None:
@@ -214,22 +218,26 @@ class Client:
         try:
             agent = self.agent(lease.device.agent_address)
             sha = art.meta.sha256
-            present = agent.Has(agent_pb2.HasRequest(sha256=sha), timeout=RPC_S).present
-            lap("Has")
-            if not present:
-                agent.Upload(_chunks(art), timeout=RPC_S)
-                lap("Upload")
-            result: common_pb2.MeasureResult = agent.Measure(
-                agent_pb2.MeasureRequest(
-                    device_id=lease.device.device_id,
-                    lease_id=lease.lease_id,
-                    lease_token=lease.token,
-                    artifact_sha256=sha,
-                    symbol=art.meta.entries[0].symbol,
-                    config=config,
-                ),
-                timeout=RPC_S,
+            held = (lease.device.agent_address, sha)
+            if held not in self.held:  # as PoolRunner: ask Has once per (agent, artifact)
+                present = agent.Has(agent_pb2.HasRequest(sha256=sha), timeout=RPC_S).present
+                lap("Has")
+                if not present:
+                    agent.Upload(_chunks(art), timeout=RPC_S)
+                    lap("Upload")
+                self.held.add(held)
+            request = agent_pb2.MeasureRequest(
+                device_id=lease.device.device_id,
+                lease_id=lease.lease_id,
+                lease_token=lease.token,
+                artifact_sha256=sha,
+                symbol=art.meta.entries[0].symbol,
+                config=config,
             )
+            result: common_pb2.MeasureResult = agent.Measure(request, timeout=RPC_S)
+            if sha in result.missing_sha256:  # evicted since: upload and measure again
+                agent.Upload(_chunks(art), timeout=RPC_S)
+                result = agent.Measure(request, timeout=RPC_S)
             lap("Measure")
         finally:
             self.tracker.Release(tracker_pb2.ReleaseRequest(lease_id=lease.lease_id), timeout=RPC_S)

@@ -48,9 +48,10 @@ _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 class _Unresolved(Exception):
     """A request names an artifact or entry this agent cannot use: a result, not an RPC error."""
 
-    def __init__(self, status: Status, message: str) -> None:
+    def __init__(self, status: Status, message: str, missing_sha256: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.missing_sha256 = missing_sha256
 
 
 def default_agent_id() -> str:
@@ -149,6 +150,7 @@ class Agent:
             if request.check.reference_symbol:
                 validate_symbol(request.check.reference_symbol)
         result = self._authorize(request.device_id, request.lease_id, request.lease_token)
+        missing: tuple[str, ...] = ()
         if result is None:
             try:
                 with ExitStack() as held:
@@ -171,6 +173,7 @@ class Agent:
                     self._quarantine.record(sha, entry.symbol, result.status, result.error)
             except _Unresolved as e:
                 result = JobResult(e.status, error=str(e))
+                missing = (e.missing_sha256,) if e.missing_sha256 else ()
         return MeasureResult(
             status=result.status,
             samples_s=result.samples_s,
@@ -180,6 +183,7 @@ class Agent:
             telemetry=self.backend.telemetry(self._telemetry()),
             device_id=request.device_id,
             emulated=self.backend.emulated,
+            missing_sha256=missing,
         )
 
     def run(self, request: RunRequest, cancelled: threading.Event | None = None) -> RunResult:
@@ -243,7 +247,7 @@ class Agent:
         """
         cached = self.cache.acquire(sha)
         if cached is None:
-            raise _Unresolved(Status.LOAD_ERROR, f"{what}artifact {sha} not in cache")
+            raise _Unresolved(Status.LOAD_ERROR, f"{what}artifact {sha} not in cache", sha)
         try:
             if cached.meta.format not in self.backend.formats:
                 raise _Unresolved(

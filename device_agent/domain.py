@@ -136,6 +136,7 @@ class MeasureResult:
     telemetry: Telemetry = field(default_factory=Telemetry)
     device_id: str = ""
     emulated: bool = False
+    missing_sha256: tuple[str, ...] = ()  # named artifacts this agent does not hold
 
 
 @dataclass(frozen=True)

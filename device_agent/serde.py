@@ -117,6 +117,7 @@ def measure_result_to_pb(result: MeasureResult) -> common_pb2.MeasureResult:
         telemetry=telemetry_to_pb(result.telemetry),
         device_id=result.device_id,
         emulated=result.emulated,
+        missing_sha256=list(result.missing_sha256),
     )
 
 

@@ -160,7 +160,7 @@ class Telemetry(_message.Message):
     def __init__(self, load_1m: _Optional[float] = ..., cpu_mhz: _Optional[float] = ..., temperature_c: _Optional[float] = ...) -> None: ...
 
 class MeasureResult(_message.Message):
-    __slots__ = ("status", "samples_s", "error", "signal", "number_used", "telemetry", "device_id", "emulated")
+    __slots__ = ("status", "samples_s", "error", "signal", "number_used", "telemetry", "device_id", "emulated", "missing_sha256")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class MeasureResult(_message.Message):
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     EMULATED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SHA256_FIELD_NUMBER: _ClassVar[int]
     status: Status
     samples_s: _containers.RepeatedScalarFieldContainer[float]
     error: str
@@ -177,7 +178,8 @@ class MeasureResult(_message.Message):
     telemetry: Telemetry
     device_id: str
     emulated: bool
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., samples_s: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ..., signal: _Optional[int] = ..., number_used: _Optional[int] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., device_id: _Optional[str] = ..., emulated: _Optional[bool] = ...) -> None: ...
+    missing_sha256: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., samples_s: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ..., signal: _Optional[int] = ..., number_used: _Optional[int] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., device_id: _Optional[str] = ..., emulated: _Optional[bool] = ..., missing_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NDArray(_message.Message):
     __slots__ = ("shape", "dtype", "data")

@@ -135,11 +135,12 @@ def test_min_repeat_ms_grows_number(env: Env) -> None:
     assert result.number_used > 1
 
 
-def test_unknown_artifact_is_load_error(env: Env) -> None:
+def test_unknown_artifact_is_load_error_naming_the_missing_hash(env: Env) -> None:
     request = agent_pb2.MeasureRequest(device_id=env.device, artifact_sha256="ab" * 32, symbol="k")
     result = env.stub.Measure(request, timeout=RPC_S)
     assert result.status == common_pb2.LOAD_ERROR
     assert "ab" * 32 in result.error and "not in cache" in result.error
+    assert list(result.missing_sha256) == ["ab" * 32]  # so a client that skipped Has re-uploads
 
 
 def test_missing_entry_or_symbol_is_load_error(env: Env) -> None:

@@ -55,6 +55,27 @@ def test_measures_a_compiled_matmul_and_uploads_it_once(pool: LocalPool) -> None
     assert stored, f"artifact not in agent cache {sorted(cache.rglob('*'))}"
 
 
+def test_an_artifact_the_agent_evicted_is_uploaded_again() -> None:
+    # The runner asks Has only once per (agent, artifact); later Measures go straight out. Here the
+    # agent's cache holds one artifact at a time, so measuring b evicts a, and the third Measure
+    # (of a) must come back "missing", be re-uploaded and measured, not end as LOAD_ERROR.
+    a, b = (build_one(Workload("matmul", (n, 16, 16)), 0, "host") for n in (16, 24))
+    assert a.artifact is not None and b.artifact is not None
+    one = max(len(a.artifact.data), len(b.artifact.data))
+    extra = ("--cache-max-bytes", str(int(one * 1.5)))
+    with LocalPool(key="evicting", agents=1, extra_agent_args=extra) as p:
+        runner = PoolRunner(
+            PoolConfig(tracker=p.tracker_address, key=p.key, token=p.client_token), FAST
+        )
+        try:
+            results = runner.run([a.artifact, b.artifact, a.artifact])
+        finally:
+            runner.close()
+        cached = {f.name[:16] for f in (p.workdir / "cache0").rglob("*")}
+    assert [r.status for r in results] == [Status.OK] * 3, [r.error for r in results]
+    assert a.artifact.sha256[:16] in cached and b.artifact.sha256[:16] not in cached
+
+
 def test_unknown_key_gives_no_device_within_the_deadline(pool: LocalPool) -> None:
     built = build_one(Workload("matmul", (8, 8, 8)), 0, "host")
     assert built.artifact is not None

@@ -66,6 +66,7 @@ class PoolRunner:
         self._tracker = TrackerClient(pool.tracker, pool.token, pool.tls)
         self._metadata = call_metadata(pool.token)
         self._agents: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentStub]] = {}
+        self._held: set[tuple[str, str]] = set()  # (agent address, sha256) the agent holds
         self._lease: tracker_pb2.Lease | None = None
 
     def run(self, artifacts: Sequence[Artifact]) -> list[MeasureResult]:
@@ -155,15 +156,45 @@ class PoolRunner:
         return self._agents[address][1]
 
     def _measure_one(self, lease: tracker_pb2.Lease, art: Artifact) -> MeasureResult:
+        """Upload unless the agent holds `art`, then measure it under `lease`.
+
+        Has is asked only the first time an (agent, artifact) pair is seen; later the Measure goes
+        straight out, and if the agent answers that it no longer holds the artifact (evicted, or
+        the agent restarted) it is uploaded and measured once more.
+        """
+        device = lease.device
+        held = (device.agent_address, art.sha256)
+        if held not in self._held:
+            failed = self._upload(lease, art, ask_first=True)
+            if failed is not None:
+                return failed
+        msg, failed = self._measure_rpc(lease, art)
+        if msg is not None and art.sha256 in msg.missing_sha256:
+            self._held.discard(held)
+            failed = self._upload(lease, art, ask_first=False)
+            if failed is not None:
+                return failed
+            msg, failed = self._measure_rpc(lease, art)
+        if msg is None:
+            assert failed is not None
+            return failed
+        return serde.measure_result(msg)
+
+    def _upload(
+        self, lease: tracker_pb2.Lease, art: Artifact, ask_first: bool
+    ) -> MeasureResult | None:
+        """Make the lease's agent hold `art` (asking Has first if `ask_first`); None when it does."""
         device = lease.device
         agent = self._agent(device.agent_address)
         try:
-            has = agent.Has(
-                agent_pb2.HasRequest(sha256=art.sha256),
-                timeout=CONTROL_RPC_TIMEOUT_S,
-                metadata=self._metadata,
+            present = ask_first and (
+                agent.Has(
+                    agent_pb2.HasRequest(sha256=art.sha256),
+                    timeout=CONTROL_RPC_TIMEOUT_S,
+                    metadata=self._metadata,
+                ).present
             )
-            if not has.present:
+            if not present:
                 agent.Upload(
                     _chunks(art),
                     timeout=CONTROL_RPC_TIMEOUT_S + len(art.data) / 1e6,
@@ -174,6 +205,14 @@ class PoolRunner:
             return MeasureResult.failed(
                 status, f"upload to {device.agent_address}: {_describe(exc)}", device.device_id
             )
+        self._held.add((device.agent_address, art.sha256))
+        return None
+
+    def _measure_rpc(
+        self, lease: tracker_pb2.Lease, art: Artifact
+    ) -> tuple[common_pb2.MeasureResult | None, MeasureResult | None]:
+        """(the agent's answer, None) or (None, the failure when the call itself failed)."""
+        device = lease.device
         req = agent_pb2.MeasureRequest(
             device_id=device.device_id,
             lease_id=lease.lease_id,
@@ -184,17 +223,17 @@ class PoolRunner:
             config=serde.evaluator_config(self.evaluator),
         )
         try:
-            msg = agent.Measure(
+            msg = self._agent(device.agent_address).Measure(
                 req,
                 timeout=self.evaluator.timeout_s + MEASURE_RPC_SLACK_S,
                 metadata=self._metadata,
             )
         except grpc.RpcError as exc:
             status = Status.DEVICE_LOST if _is_gone(exc) else Status.RUNTIME_ERROR
-            return MeasureResult.failed(
+            return None, MeasureResult.failed(
                 status, f"measure on {device.agent_address}: {_describe(exc)}", device.device_id
             )
-        return serde.measure_result(msg)
+        return msg, None
 
 
 def _chunks(art: Artifact) -> Iterator[agent_pb2.UploadChunk]:
