@@ -46,7 +46,21 @@ def vector_helpers(dtype: str, lanes: int) -> str:
         f"static inline {vt} kiln_vload_{suffix}(const {ct} *p) {{\n"
         f"  {vt} v;\n  memcpy(&v, p, sizeof v);\n  return v;\n}}\n"
         f"static inline void kiln_vstore_{suffix}({ct} *p, {vt} v) {{ memcpy(p, &v, sizeof v); }}\n"
+        + (_minmax_helpers(dtype, suffix, vt, size) if dtype in _MASK_DTYPE else "")
     )
+
+
+def _minmax_helpers(dtype: str, suffix: str, vt: str, size: int) -> str:
+    """Lane-wise min/max as functions: C has no vector ?:, and a select written inline would
+    repeat its operands, doubling the code at every level of a nested min/max."""
+    mt = f"kiln_mask_{suffix}"
+    lines = [f"typedef {C_TYPES[_MASK_DTYPE[dtype]]} {mt} __attribute__((vector_size({size})));"]
+    for name, op in (("min", "<"), ("max", ">")):
+        lines.append(
+            f"static inline {vt} kiln_v{name}_{suffix}({vt} a, {vt} b) {{ {mt} m = ({mt})(a {op} b);"
+            f" return ({vt})((({mt})a & m) | (({mt})b & ~m)); }}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | None:
@@ -141,9 +155,18 @@ def _vector_expr(w: FunctionWriter, e: E.Expr, chunk: _Chunk) -> tuple[str, bool
             return None
         return f"({a[0]} {_OPS[type(e)]} {b[0]})", a[1] or b[1]
     if isinstance(e, E.Min | E.Max):
-        # C has no vector ?:, so min/max are selects rendered as mask arithmetic.
-        cmp = E.LT(e.a, e.b) if isinstance(e, E.Min) else E.LT(e.b, e.a)
-        return _vector_expr(w, E.Select(cmp, e.a, e.b), chunk)
+        if e.dtype not in _MASK_DTYPE:
+            return None
+        a = _vector_expr(w, e.a, chunk)
+        b = _vector_expr(w, e.b, chunk)
+        if a is None or b is None:
+            return None
+        vt = vector_type(e.dtype, chunk.width)
+        w.vec_types.add((e.dtype, chunk.width))
+        av = a[0] if a[1] else f"({a[0]} - ({vt}){{0}})"
+        bv = b[0] if b[1] else f"({b[0]} - ({vt}){{0}})"
+        name = "min" if isinstance(e, E.Min) else "max"
+        return f"kiln_v{name}_{e.dtype}x{chunk.width}({av}, {bv})", True
     if isinstance(e, E.Select):
         return _vector_select(w, e, chunk)
     return None

@@ -309,3 +309,30 @@ def test_internal_compiler_error_is_retried_once_with_safer_flags(
     assert not shared.cache_hit and len(calls) == 2
     assert "-O3" in calls[0] and "-O3" not in calls[1]
     assert "-fno-tree-vectorize" in calls[1] and "-O2" in calls[1]
+
+
+@pytest.mark.parametrize("combine", ["max", "min"])
+def test_nested_vector_min_max_are_correct(combine: str, tmp_path: Path) -> None:
+    from compiler import te
+    from compiler.ir import Expr, Var
+    from compiler.schedule import create_schedule
+
+    a = te.placeholder((3, 40), name="A")
+    pick = te.maximum if combine == "max" else te.minimum
+
+    def window(i: Var, j: Var) -> Expr:
+        acc: Expr = a[i, j]
+        for d in range(1, 9):
+            acc = pick(acc, a[i, j + d])
+        return acc
+
+    c = te.compute((3, 32), window, name="C")
+    s = create_schedule(c)
+    _, ji = s[c].split(s[c].axis[1], 16)
+    s[c].vectorize(ji)
+    art = build(s, [a, c], "slide")
+    x = np.random.default_rng(2).standard_normal((3, 40), dtype=np.float32)
+    y = np.zeros((3, 32), np.float32)
+    _call(art, "slide", tmp_path, x, y)
+    windows = np.stack([x[:, d : d + 32] for d in range(9)])
+    np.testing.assert_array_equal(y, windows.max(0) if combine == "max" else windows.min(0))

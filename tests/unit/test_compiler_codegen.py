@@ -111,3 +111,21 @@ def test_nested_max_renders_in_linear_size() -> None:
     src = build_source(create_schedule(c), [a, c], "slide")
     assert "kiln_max_float32(" in src
     assert len(src) < 20_000, len(src)
+
+
+def test_nested_max_in_a_vectorized_loop_renders_in_linear_size() -> None:
+    a = te.placeholder((4, 80), name="A")
+
+    def window(i: Var, j: Var) -> Expr:
+        acc: Expr = a[i, j]
+        for d in range(1, 12):
+            acc = te.maximum(acc, a[i, j + d])
+        return acc
+
+    c = te.compute((4, 64), window, name="C")
+    s = create_schedule(c)
+    _, ji = s[c].split(s[c].axis[1], 16)
+    s[c].vectorize(ji)
+    src = build_source(s, [a, c], "vslide")
+    assert "kiln_vmax_float32x16(" in src
+    assert len(src) < 20_000, len(src)
