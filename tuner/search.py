@@ -5,7 +5,7 @@ Random search is the skeleton's strategy and the baseline every smarter one is c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -26,24 +26,35 @@ class Searcher(Protocol):
 
 
 class RandomSearch:
-    """Uniform sampling without repeats over a space of `space_size` configs."""
+    """Uniform sampling without repeats over a space of `space_size` configs.
 
-    def __init__(self, space_size: int, seed: int = 0) -> None:
+    `valid` (index -> bool), when given, restricts the draw to configs it accepts, as the
+    model-guided searcher does, so the two are compared over the same configs.
+    """
+
+    def __init__(
+        self, space_size: int, seed: int = 0, valid: Callable[[int], bool] | None = None
+    ) -> None:
         if space_size <= 0:
             raise ValueError(f"space_size must be positive, got {space_size}")
         self._size = space_size
         self._rng = np.random.default_rng(seed)
         self._seen: set[int] = set()
+        self._valid = valid
+        self._rejected: set[int] = set()
 
     def ask(self, n: int) -> list[int]:
         out: list[int] = []
-        left = self._size - len(self._seen)
-        while len(out) < min(n, left):
+        while len(out) < n and len(self._seen) + len(self._rejected) < self._size:
             # Rejection sampling is cheap while the space is much larger than what we measured.
             idx = int(self._rng.integers(self._size))
-            if idx not in self._seen:
-                self._seen.add(idx)
-                out.append(idx)
+            if idx in self._seen or idx in self._rejected:
+                continue
+            if self._valid is not None and not self._valid(idx):
+                self._rejected.add(idx)
+                continue
+            self._seen.add(idx)
+            out.append(idx)
         return out
 
     def tell(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:

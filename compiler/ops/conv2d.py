@@ -125,12 +125,14 @@ class Conv2dNCHWcTemplate(OpTemplate):
         return conv_geometry(self.name, shape)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
-        _, ic, _, _, oc, _, _, _, _, _, _, ow = self.geometry(shape)
+        _, ic, _, _, oc, _, _, _, _, _, oh, ow = self.geometry(shape)
         return ConfigSpace(
             [
                 Knob("ic_block", channel_blocks(ic)),
                 Knob("oc_block", channel_blocks(oc)),
                 Knob("reg_n", tile_choices(ow, 32)),
+                # Output rows in the register tile: rows share each weight vector they load.
+                Knob("oh_tile", tuple(t for t in (1, 2, 4) if t <= oh)),
                 Knob("unroll_kw", (True, False)),
                 Knob("oc_order", OC_ORDERS),
             ]
@@ -207,20 +209,23 @@ class Conv2dNCHWcTemplate(OpTemplate):
         return sch
 
     def schedule_output(self, st: Stage, config: Config) -> IterVar:
-        """ow split by reg_n: loops n, oco, oh, owo | owi (unrolled), oci; returns the last outer.
+        """oh and ow tiled: loops n, oco, oho, owo | ohi, owi (unrolled), oci; returns the last outer.
 
-        With oc_order "inner" the output-channel blocks loop inside the pixel tile (n, oh, owo,
-        oco): a tile of input stays in L1 while every block of weights passes over it.
+        The register tile is `oh_tile` rows (1 where the space has no such knob) of `reg_n`
+        pixels. With oc_order "inner" the output-channel blocks loop inside the pixel tile (n,
+        oho, owo, oco): a tile of input stays in L1 while every block of weights passes over it.
         """
         b, oco, oh, ow, oci = st.axis
+        oho, ohi = st.split(oh, int(config.get("oh_tile", 1)))
         owo, owi = st.split(ow, int(config["reg_n"]))
-        outer = [b, oco, oh, owo] if config["oc_order"] == "outer" else [b, oh, owo, oco]
-        st.reorder(*outer, owi, oci)
+        outer = [b, oco, oho, owo] if config["oc_order"] == "outer" else [b, oho, owo, oco]
+        st.reorder(*outer, ohi, owi, oci)
+        st.unroll(ohi)
         st.unroll(owi)
         return outer[-1]
 
     def schedule_accumulators(self, st: Stage, config: Config) -> None:
-        """Loops rco, ry, rx, rci | ow (unrolled), oci (vector) inside the output's tile.
+        """Loops rco, ry, rx, rci | oh, ow (unrolled), oci (vector) inside the output's tile.
 
         With unroll_kw the kernel columns move inside the channel loop and are unrolled (TVM's
         order rco, ry, rci, rx): one loop body of KW x reg_n FMAs per vector, whose input
@@ -233,6 +238,7 @@ class Conv2dNCHWcTemplate(OpTemplate):
             st.unroll(rx)
         else:
             st.reorder(rco, ry, rx, rci, b, oco, oh, ow, oci)
+        st.unroll(oh)
         st.unroll(ow)
         st.vectorize(oci)
 
@@ -277,17 +283,6 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
                 Knob("oc_order", OC_ORDERS),
             ]
         )
-
-    def schedule_output(self, st: Stage, config: Config) -> IterVar:
-        """oh and ow tiled: loops n, oco, oho, owo | ohi, owi (unrolled), oci; returns the last outer."""
-        b, oco, oh, ow, oci = st.axis
-        oho, ohi = st.split(oh, int(config["oh_tile"]))
-        owo, owi = st.split(ow, int(config["reg_n"]))
-        outer = [b, oco, oho, owo] if config["oc_order"] == "outer" else [b, oho, owo, oco]
-        st.reorder(*outer, ohi, owi, oci)
-        st.unroll(ohi)
-        st.unroll(owi)
-        return outer[-1]
 
     def schedule_accumulators(self, st: Stage, config: Config) -> None:
         """Loops rco, rci | oh, ow (unrolled), oci (vector) inside the output's tile."""

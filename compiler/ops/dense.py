@@ -27,9 +27,12 @@ from compiler.te.tensor import ComputeOp, IterVar, Reduce, Tensor
 
 _FIELDS = ("M", "N", "K")
 _NR = (16, 32, 48, 64)  # panel widths: 1 to 4 zmm registers
-_MR = (1, 2, 4, 6, 8, 12)  # rows of the register tile
-_M_TILES = (0, 4, 16, 64)
-_KC = (128, 256, 512)
+_MR = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14)  # rows of the register tile
+_M_TILES = (0, 2, 4, 8, 16, 32, 64)
+_KC = (64, 128, 256, 512)
+# Which loop walks the other: "panel" streams every row tile of A past one panel of B
+# (B panel stationary in L1/L2), "row" streams every panel of B past one row tile of A.
+_ORDERS = ("panel", "row")
 
 
 def _nr_choices(n: int) -> tuple[int, ...]:
@@ -55,7 +58,8 @@ class DenseTemplate(OpTemplate):
                 Knob("m_tiles", _M_TILES),
                 # BLIS' KC: a [kc][nr] panel of B stays in L1 across a block's row tiles.
                 Knob("kc", (k, *(c for c in _KC if c < k and k % c == 0))),
-                Knob("unroll_k", (1, 2, 4)),
+                Knob("unroll_k", (1, 2, 4, 8)),
+                Knob("order", _ORDERS),
             ]
         )
 
@@ -118,7 +122,8 @@ class DenseTemplate(OpTemplate):
         return [a, bp, c]
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
-        """Loops [ko] mb, jo, mt | k | mi, ji over a register-resident [mr][nr] tile.
+        """Loops [ko] [mb] jo, mt | k | mi, ji over a register-resident [mr][nr] tile
+        (order "row": [ko] [mb] mt, jo | k | mi, ji).
 
         Without k blocks the tile is C's `cache_write` "local" copy; with them it is the k
         block's partial product, a local stage computed at the row-tile loop, and C's own
@@ -144,14 +149,19 @@ class DenseTemplate(OpTemplate):
         outer: list[IterVar] = list(st.reduce_axis)
         if tiles:
             ib, it = st.split(io, tiles)
-            st.reorder(*outer, ib, jo, it, ii, ji)
+            outer.append(ib)
         else:
-            st.reorder(*outer, jo, io, ii, ji)
             it = io
+        if config["order"] == "row":
+            st.reorder(*outer, it, jo, ii, ji)
+            tile_at = jo
+        else:
+            st.reorder(*outer, jo, it, ii, ji)
+            tile_at = it
         st.unroll(ii)
         st.vectorize(ji)
         at = sch[part]
-        at.compute_at(st, it)
+        at.compute_at(st, tile_at)
         if blocked:
             at.set_scope("local")
         (r,) = at.reduce_axis

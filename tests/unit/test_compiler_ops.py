@@ -245,7 +245,9 @@ def test_register_budget_prunes_spilling_tiles_but_keeps_some() -> None:
     assert kept and len(kept) < len(space)
     for c in kept:
         assert c["mr"] * c["nr"] // 16 <= MAX_ACCUMULATORS
-    spill = space.index_of({"nr": 64, "mr": 12, "m_tiles": 0, "kc": 512, "unroll_k": 1})
+    spill = space.index_of(
+        {"nr": 64, "mr": 12, "m_tiles": 0, "kc": 512, "unroll_k": 1, "order": "panel"}
+    )
     assert not dense.worth_measuring((512, 512, 512), space.get(spill))
     tiny = (1, 16, 2, 2, 16, 1, 1, 1, 0, 0)  # a 2x2 image has no room for 8 accumulators
     conv = template("conv2d_1x1_nchwc")
@@ -258,8 +260,17 @@ def test_dense_k_blocks_accumulate_into_c(shape: tuple[int, int, int]) -> None:
     dense = template("dense")
     space = dense.config_space(shape)
     blocked = [
-        space.get(space.index_of({"nr": nr, "mr": mr, "m_tiles": tiles, "kc": 128, "unroll_k": u}))
-        for nr, mr, tiles, u in ((16, 4, 0, 1), (32, 6, 4, 2))
+        space.get(
+            space.index_of(
+                {"nr": nr, "mr": mr, "m_tiles": tiles, "kc": 128, "unroll_k": u, "order": o}
+            )
+        )
+        for nr, mr, tiles, u, o in (
+            (16, 4, 0, 1, "panel"),
+            (32, 6, 4, 2, "panel"),
+            (16, 5, 0, 8, "row"),
+            (32, 3, 2, 4, "row"),
+        )
     ]
     for config, (ours, ref) in zip(
         blocked, run_built(dense, [(shape, c) for c in blocked]), strict=True
@@ -268,7 +279,7 @@ def test_dense_k_blocks_accumulate_into_c(shape: tuple[int, int, int]) -> None:
     small = (2, 16, 256)
     config = dense.config_space(small).get(
         dense.config_space(small).index_of(
-            {"nr": 16, "mr": 2, "m_tiles": 0, "kc": 128, "unroll_k": 2}
+            {"nr": 16, "mr": 2, "m_tiles": 0, "kc": 128, "unroll_k": 2, "order": "row"}
         )
     )
     sch, args = dense.instantiate(small, config)
