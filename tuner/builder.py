@@ -1,39 +1,128 @@
 """Build candidates into artifacts, in a pool of worker processes so compiles overlap measurements.
 
 A config that fails to build is a BUILD_ERROR result with the compiler's message, never an exception.
+
+Several candidates per translation unit: with `per_unit=k`, a batch's candidates go to gcc `k` at a
+time (`compiler.build.build_many`): one compile, one shared object with `k` entries. Each candidate
+still gets its own `Artifact`: a view of the unit's bytes (same data, same sha256) whose entries
+start with that candidate's own, which is the entry runners measure. So an agent receives and
+caches the unit's .so once and times each entry by name. A unit that fails to build (one config
+that does not lower or compile) is built again one candidate at a time, so the bad config fails
+alone.
+
+Compile cache: `compiler.toolchain.compile_shared` already caches shared objects by the hash of
+source, compiler identity and flags ($KILN_CACHE_DIR, else ~/.cache/kiln/build); `cache_dir`
+points the builder's compiles at another directory. A unit is a cache hit when the same configs
+are built together again (a resumed run asks for the same batches).
+
+Pipelining: `build_async(workload, indices)` returns a Future of the same list `build` returns, so
+a tuning loop can build batch i+1 while batch i is measured::
+
+    pending = builder.build_async(workload, first)
+    while ...:
+        built = pending.result()
+        pending = builder.build_async(workload, next_indices)  # compiles during the measuring
+        results = runner.run([b.artifact for b in built if b.artifact is not None])
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import multiprocessing
-from collections.abc import Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from compiler import build as compiler_build
 from compiler.artifact import Artifact
+from compiler.toolchain import CACHE_ENV
 from tuner.records import Workload
 from tuner.task import Task
 
 
 @dataclass(frozen=True)
 class BuildResult:
+    """One candidate: its artifact (own entry first), or None with the error that stopped it."""
+
     config_index: int
     artifact: Artifact | None
     error: str = ""
+
+
+def _symbol(workload: Workload, index: int) -> str:
+    return f"kiln_{workload.op}_{'x'.join(map(str, workload.shape))}_c{index}"
+
+
+def _kernel(task: Task, index: int) -> compiler_build.Kernel:
+    sch, args = task.template.instantiate(task.workload.shape, task.space.get(index))
+    return compiler_build.Kernel(sch, args, _symbol(task.workload, index), task.flop)
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def build_one(workload: Workload, index: int, target: str) -> BuildResult:
     """Instantiate the template with config `index`, lower, generate C and compile it."""
     try:
         task = Task(workload)
-        sch, args = task.template.instantiate(workload.shape, task.space.get(index))
-        symbol = f"kiln_{workload.op}_{'x'.join(map(str, workload.shape))}_c{index}"
-        art = compiler_build.build(sch, args, symbol=symbol, target=target, flop=task.flop)
+        art = compiler_build.build_many([_kernel(task, index)], target)
     except Exception as exc:  # any failure of one candidate is that candidate's result
-        return BuildResult(index, None, f"{type(exc).__name__}: {exc}")
+        return BuildResult(index, None, _error(exc))
     return BuildResult(index, art)
+
+
+def entry_first(art: Artifact, symbol: str) -> Artifact:
+    """A view of `art` (same bytes and sha256) whose first entry is `symbol`.
+
+    Raises:
+        KeyError: `art` has no entry `symbol`.
+    """
+    own = art.entry(symbol)
+    rest = tuple(e for e in art.entries if e.symbol != symbol)
+    return dataclasses.replace(art, entries=(own, *rest))
+
+
+def build_unit(workload: Workload, indices: Sequence[int], target: str) -> list[BuildResult]:
+    """Build `indices` as one translation unit; one BuildResult per index, in order.
+
+    A config that does not instantiate fails alone; if the unit does not build, each remaining
+    config is built by itself so that only the bad one fails.
+    """
+    try:
+        task = Task(workload)
+    except Exception as exc:
+        return [BuildResult(i, None, _error(exc)) for i in indices]
+    kernels: dict[int, compiler_build.Kernel] = {}
+    failed: dict[int, str] = {}
+    for i in indices:
+        try:
+            kernels[i] = _kernel(task, i)
+        except Exception as exc:
+            failed[i] = _error(exc)
+    unit: Artifact | None = None
+    if len(kernels) > 1:
+        try:
+            unit = compiler_build.build_many(list(kernels.values()), target)
+        except Exception:
+            unit = None  # find which config broke it: build them one by one below
+    out = []
+    for i in indices:
+        if i in failed:
+            out.append(BuildResult(i, None, failed[i]))
+        elif unit is not None:
+            out.append(BuildResult(i, entry_first(unit, kernels[i].symbol)))
+        else:
+            try:
+                out.append(BuildResult(i, compiler_build.build_many([kernels[i]], target)))
+            except Exception as exc:
+                out.append(BuildResult(i, None, _error(exc)))
+    return out
 
 
 class Builder(Protocol):
@@ -46,25 +135,105 @@ class Builder(Protocol):
     def close(self) -> None: ...
 
 
-class LocalBuilder:
-    """Builds on this machine; `workers` > 1 uses a process pool kept alive between batches."""
+def _init_worker(cache_dir: str | None, cpus: tuple[int, ...]) -> None:
+    """Runs first in every build worker: its cache directory and the cores it (and gcc) may use."""
+    if cache_dir is not None:
+        os.environ[CACHE_ENV] = cache_dir
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
-    def __init__(self, target: str = "host", workers: int = 1) -> None:
+
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _cache_env(cache_dir: str | None) -> Iterator[None]:
+    """$KILN_CACHE_DIR set to `cache_dir` for an in-process build (nothing when None)."""
+    if cache_dir is None:
+        yield
+        return
+    with _ENV_LOCK:
+        old = os.environ.get(CACHE_ENV)
+        os.environ[CACHE_ENV] = cache_dir
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(CACHE_ENV, None)
+            else:
+                os.environ[CACHE_ENV] = old
+
+
+class LocalBuilder:
+    """Builds on this machine.
+
+    Args:
+        target: "host" or a name in compiler.toolchain.TARGETS.
+        workers: build processes, kept alive between batches; 1 builds in this process unless
+            `cpus` asks for pinning.
+        per_unit: candidates compiled together in one translation unit (1: each alone).
+        cache_dir: the compile cache directory (None: $KILN_CACHE_DIR, else ~/.cache/kiln/build).
+        cpus: cores the build workers and their compilers may run on (empty: any), e.g. to keep
+            builds off the core a local agent is pinned to.
+
+    Raises:
+        ValueError: workers or per_unit below 1, or a core this process may not use.
+    """
+
+    def __init__(
+        self,
+        target: str = "host",
+        workers: int = 1,
+        per_unit: int = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cpus: Sequence[int] = (),
+    ) -> None:
+        if workers < 1 or per_unit < 1:
+            raise ValueError(f"workers and per_unit must be >= 1, got {workers} and {per_unit}")
+        allowed = os.sched_getaffinity(0)
+        bad = sorted(set(cpus) - allowed)
+        if bad:
+            raise ValueError(
+                f"cannot build on core(s) {bad}: this process may use {sorted(allowed)}"
+            )
         self.target = target
+        self.per_unit = per_unit
+        self._cache_dir = None if cache_dir is None else str(Path(cache_dir))
         self._pool: Executor | None = None
-        if workers > 1:
+        self._async: ThreadPoolExecutor | None = None
+        if workers > 1 or cpus:
             # spawn, not fork: the parent holds gRPC channels, which do not survive a fork.
             self._pool = ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn")
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self._cache_dir, tuple(cpus)),
             )
 
+    def units(self, indices: Sequence[int]) -> list[list[int]]:
+        """How `indices` are grouped into translation units, in order."""
+        return [list(indices[i : i + self.per_unit]) for i in range(0, len(indices), self.per_unit)]
+
     def build(self, workload: Workload, indices: Sequence[int]) -> list[BuildResult]:
+        """One BuildResult per index, in order; never raises for a bad config."""
+        units = self.units(indices)
         if self._pool is None:
-            return [build_one(workload, i, self.target) for i in indices]
-        futures = [self._pool.submit(build_one, workload, i, self.target) for i in indices]
-        return [f.result() for f in futures]
+            with _cache_env(self._cache_dir):
+                return [r for u in units for r in build_unit(workload, u, self.target)]
+        futures = [self._pool.submit(build_unit, workload, u, self.target) for u in units]
+        return [r for f in futures for r in f.result()]
+
+    def build_async(self, workload: Workload, indices: Sequence[int]) -> Future[list[BuildResult]]:
+        """Start building; the Future gives what `build` would. Builds run one batch at a time."""
+        if self._async is None:
+            self._async = ThreadPoolExecutor(1, thread_name_prefix="kiln-build")
+        return self._async.submit(self.build, workload, list(indices))
 
     def close(self) -> None:
+        """Stop the build workers (a build still running is waited for)."""
+        if self._async is not None:
+            self._async.shutdown(cancel_futures=True)
+            self._async = None
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None

@@ -38,6 +38,18 @@ class LocalPool:
     """Starts one tracker and `agents` agents with `devices_per_agent` devices each under `key`.
 
     Use as a context manager; leaving it stops (by pid) every process it started.
+
+    Args:
+        devices: the pool's devices in all, spread evenly over the agents (overrides
+            `devices_per_agent`); one agent process with several devices is the cheap way to
+            have several.
+        pin_cores: cores for the devices in order (device j of agent i is device
+            i * devices_per_agent + j), reused round-robin; empty: no pinning. On a small
+            machine, pin the agent to one core and give the builder the others.
+
+    Raises:
+        ValueError: a count below 1, `devices` not a multiple of `agents`, or a core this
+            process may not use.
     """
 
     def __init__(
@@ -48,7 +60,22 @@ class LocalPool:
         devices_per_agent: int = 1,
         heartbeat_interval_s: float = 1.0,
         extra_agent_args: Sequence[str] = (),
+        devices: int | None = None,
+        pin_cores: Sequence[int] = (),
     ) -> None:
+        if devices is not None:
+            if devices < 1 or agents < 1 or devices % agents:
+                raise ValueError(f"{devices} devices do not split evenly over {agents} agent(s)")
+            devices_per_agent = devices // agents
+        if agents < 1 or devices_per_agent < 1:
+            raise ValueError(
+                f"agents and devices_per_agent must be >= 1, got {agents}, {devices_per_agent}"
+            )
+        allowed = os.sched_getaffinity(0)
+        bad = sorted(set(pin_cores) - allowed)
+        if bad:
+            raise ValueError(f"cannot pin to core(s) {bad}: this process may use {sorted(allowed)}")
+        self.pin_cores = tuple(pin_cores)
         self.key = key
         self.backend = backend
         self.n_agents = agents
@@ -91,30 +118,52 @@ class LocalPool:
             ],
         )
         for i in range(self.n_agents):
-            address = self._spawn(
-                f"agent{i}",
-                [
-                    "-m",
-                    "device_agent",
-                    "--tracker",
-                    self.tracker_address,
-                    "--key",
-                    self.key,
-                    "--backend",
-                    self.backend,
-                    "--devices",
-                    str(self.devices_per_agent),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--cache-dir",
-                    str(self.workdir / f"cache{i}"),
-                    "--token-file",
-                    str(self.secrets_path),
-                    *self.extra_agent_args,
-                ],
-            )
-            self.agent_addresses.append(address)
-        self.wait_for_devices(self.n_agents * self.devices_per_agent)
+            self.add_agent(i)
+        self.wait_for_devices(self.n_devices)
+
+    def add_agent(self, index: int | None = None) -> subprocess.Popen[bytes]:
+        """Start one more agent (`devices_per_agent` devices, agent number `index`, default the
+        next) and return its process; its address is appended to `agent_addresses`. Used by
+        start(), and to bring a device back after a test killed one."""
+        i = len(self.agent_addresses) if index is None else index
+        pins: list[str] = []
+        if self.pin_cores:
+            first = i * self.devices_per_agent
+            cores = [
+                self.pin_cores[(first + j) % len(self.pin_cores)]
+                for j in range(self.devices_per_agent)
+            ]
+            pins = ["--pin-cores", ",".join(map(str, cores))]
+        address = self._spawn(
+            f"agent{i}",
+            [
+                "-m",
+                "device_agent",
+                "--tracker",
+                self.tracker_address,
+                "--key",
+                self.key,
+                "--backend",
+                self.backend,
+                "--devices",
+                str(self.devices_per_agent),
+                "--listen",
+                "127.0.0.1:0",
+                "--cache-dir",
+                str(self.workdir / f"cache{i}"),
+                "--token-file",
+                str(self.secrets_path),
+                *pins,
+                *self.extra_agent_args,
+            ],
+        )
+        self.agent_addresses.append(address)
+        return self.procs[-1]
+
+    @property
+    def n_devices(self) -> int:
+        """How many devices the pool has in all."""
+        return self.n_agents * self.devices_per_agent
 
     def _spawn(self, name: str, args: list[str]) -> str:
         ready = self.workdir / f"{name}.ready"

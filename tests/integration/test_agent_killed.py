@@ -102,6 +102,7 @@ def test_killed_agent_gives_device_lost_and_the_run_continues_elsewhere(tmp_path
         runner = PoolRunner(
             PoolConfig(tracker=tracker, key=KEY, acquire_timeout_s=20.0, lease_ttl_s=10.0),
             evaluator,
+            retry_lost=False,  # the hang kernel would only hang again on the survivor
         )
         try:
             # Executor children still importing would look busy: start from idle ones.

@@ -1,16 +1,32 @@
 """Measure candidates on devices leased from a tracker, through the agents' gRPC services.
 
-Per batch: acquire a lease for a device matching the key and tags, then for each artifact upload it
-unless the agent already has its hash, measure, and renew the lease as it runs low. A device that
-goes away mid-batch costs the candidate in flight a DEVICE_LOST result; the next candidate acquires
-a fresh lease. Every call has a deadline, so a dead pool yields results, never a hang.
+`PoolRunner(pool, evaluator, devices=N)` holds up to N leases (kept between batches). A batch:
+make sure one lease is held (acquiring with the pool's normal timeout), then try for the missing
+ones with `extra_acquire_timeout_s` (0: only devices free right now, so a smaller pool costs one
+quick call per missing device); then one worker thread per lease pulls candidates from a shared
+queue, so every device stays busy until the batch is done, and results come back in input order.
+
+Per candidate: upload unless the agent already holds its hash (Has asked once per agent and
+artifact; a Measure answered with the hash in missing_sha256 re-uploads), measure its first entry,
+and renew the lease as it runs low. A device that goes away mid-batch (DEVICE_LOST) does not cost
+its candidate: the candidate goes back in the queue once (`retry_lost`) to be measured on another
+device, and that lease is dropped without a Release so the tracker cannot grant the dead device
+again before it notices (the lease ends by itself at its TTL); the device is acquired again by a
+later batch if it comes back. When every lease of a batch is gone, a new one is acquired with the
+normal timeout; only if none can be had by then do the remaining candidates end NO_DEVICE (or
+DEVICE_LOST, for one whose retry found no device). Every call has a deadline: no hangs.
+
+Threads: stubs and channels are shared (one channel per agent); each lease is used by one worker
+at a time; the batch's queue and results sit behind one lock.
 """
 
 from __future__ import annotations
 
 import getpass
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -57,50 +73,208 @@ class _NoDevice(Exception):
     pass
 
 
-class PoolRunner:
-    """A Runner over a real pool: one tracker, any number of agents."""
+class _Batch:
+    """One run's shared state: the queue of candidate positions and the results, under a lock."""
 
-    def __init__(self, pool: PoolConfig, evaluator: EvaluatorConfig | None = None) -> None:
+    def __init__(self, n: int) -> None:
+        self.cond = threading.Condition()
+        self.pending: deque[int] = deque(range(n))
+        self.results: list[MeasureResult | None] = [None] * n
+        self.lost: dict[int, MeasureResult] = {}  # position -> its DEVICE_LOST, retried once
+        self.active = 0  # workers running
+
+    def take(self) -> int | None:
+        with self.cond:
+            return self.pending.popleft() if self.pending else None
+
+    def finish(self, pos: int, result: MeasureResult) -> None:
+        with self.cond:
+            self.results[pos] = result
+
+    def retry(self, pos: int, lost: MeasureResult) -> None:
+        with self.cond:
+            self.lost[pos] = lost
+            self.pending.appendleft(pos)
+
+    def worker_done(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+
+class PoolRunner:
+    """A Runner over a real pool: one tracker, any number of agents, up to `devices` leases.
+
+    Args:
+        pool: the tracker, key, tags and credentials.
+        evaluator: how each candidate is timed.
+        devices: the most leases held at once (each measures one candidate at a time).
+        extra_acquire_timeout_s: how long to wait for each lease beyond the first.
+        retry_lost: measure a candidate whose device was lost once more on another device.
+    """
+
+    def __init__(
+        self,
+        pool: PoolConfig,
+        evaluator: EvaluatorConfig | None = None,
+        devices: int = 1,
+        extra_acquire_timeout_s: float = 0.0,
+        retry_lost: bool = True,
+    ) -> None:
+        if devices < 1:
+            raise ValueError(f"devices must be at least 1, got {devices}")
+        if extra_acquire_timeout_s < 0:
+            raise ValueError(f"extra_acquire_timeout_s must be >= 0, got {extra_acquire_timeout_s}")
         self.pool = pool
         self.evaluator = evaluator or EvaluatorConfig()
+        self.devices = devices
+        self.extra_acquire_timeout_s = extra_acquire_timeout_s
+        self.retry_lost = retry_lost
         self._tracker = TrackerClient(pool.tracker, pool.token, pool.tls)
         self._metadata = call_metadata(pool.token)
         self._agents: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentStub]] = {}
+        self._agents_lock = threading.Lock()
         self._held: set[tuple[str, str]] = set()  # (agent address, sha256) the agent holds
-        self._lease: tracker_pb2.Lease | None = None
+        self._leases: list[tracker_pb2.Lease] = []  # touched only by run()'s own thread
+        self.lost_devices: list[str] = []  # every device lost mid-batch, in order
+        self.retried = 0  # candidates measured again after their device was lost
+
+    @property
+    def leased_devices(self) -> list[str]:
+        """The device ids of the leases held now (between batches)."""
+        return [lease.device.device_id for lease in self._leases]
 
     def run(self, artifacts: Sequence[Artifact]) -> list[MeasureResult]:
-        results = []
-        for art in artifacts:
-            try:
-                lease = self._current_lease()
-            except _NoDevice as exc:
-                results.append(MeasureResult.failed(Status.NO_DEVICE, str(exc)))
-                continue
-            result = self._measure_one(lease, art)
-            if result.status is Status.DEVICE_LOST:
-                self._drop_lease()
-            results.append(result)
-        return results
+        """One result per artifact, in order; measures each artifact's first entry."""
+        if not artifacts:
+            return []
+        batch = _Batch(len(artifacts))
+        error = self._fill_leases(first_timeout_s=self.pool.acquire_timeout_s)
+        threads: list[threading.Thread] = []
+        # Each round starts a worker per held lease; a new round comes only when every worker
+        # of the last one ended with candidates left (their devices were lost). Each round
+        # either ends a candidate for good or uses a retry, so rounds are bounded.
+        for _ in range(2 * len(artifacts) + 2):
+            with batch.cond:
+                if not batch.pending:
+                    break
+            if not self._leases:
+                break
+            leases, self._leases = self._leases, []
+            kept: list[tracker_pb2.Lease] = []
+            with batch.cond:
+                batch.active = len(leases)
+            for lease in leases:
+                t = threading.Thread(
+                    target=self._work, args=(batch, artifacts, lease, kept), daemon=True
+                )
+                t.start()
+                threads.append(t)
+            with batch.cond:
+                while batch.active > 0:
+                    batch.cond.wait()
+            self._leases = kept
+            with batch.cond:
+                left = bool(batch.pending)
+            if left:
+                error = self._fill_leases(first_timeout_s=self.pool.acquire_timeout_s)
+        for t in threads:
+            t.join()
+        with batch.cond:
+            for pos in batch.pending:
+                batch.results[pos] = batch.lost.get(pos) or MeasureResult.failed(
+                    Status.NO_DEVICE, error or f"no device for key={self.pool.key!r}"
+                )
+            batch.pending.clear()
+        out = [r for r in batch.results if r is not None]
+        assert len(out) == len(artifacts)
+        return out
 
     def close(self) -> None:
-        self._drop_lease()
-        for channel, _ in self._agents.values():
-            channel.close()
-        self._agents.clear()
+        """Release every lease and close every channel."""
+        leases, self._leases = self._leases, []
+        for lease in leases:
+            self._release(lease)
+        with self._agents_lock:
+            for channel, _ in self._agents.values():
+                channel.close()
+            self._agents.clear()
         self._tracker.close()
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def _work(
+        self,
+        batch: _Batch,
+        artifacts: Sequence[Artifact],
+        lease: tracker_pb2.Lease,
+        kept: list[tracker_pb2.Lease],
+    ) -> None:
+        """Measure candidates from the queue on `lease` until it is empty or the device is lost;
+        a lease still good at the end goes into `kept`."""
+        current: tracker_pb2.Lease | None = lease
+        try:
+            while True:
+                current = self._fresh(current)
+                if current is None:
+                    return  # the lease ended; run() acquires another if work is left
+                pos = batch.take()
+                if pos is None:
+                    return
+                result = self._measure_one(current, artifacts[pos])
+                if result.status is Status.DEVICE_LOST:
+                    _LOG.warning("device %s lost: %s", current.device.device_id, result.error)
+                    # No Release: the tracker would hand the dead device out again at once.
+                    with batch.cond:
+                        self.lost_devices.append(current.device.device_id)
+                        retry = self.retry_lost and pos not in batch.lost
+                        if retry:
+                            self.retried += 1
+                    current = None
+                    if retry:
+                        batch.retry(pos, result)
+                    else:
+                        batch.finish(pos, result)
+                    return
+                batch.finish(pos, result)
+        except Exception as exc:  # a bug must not leave run() waiting for this worker
+            _LOG.exception("measurement worker failed")
+            if current is not None:
+                self._release(current)
+                current = None
+            with batch.cond:
+                for p in batch.pending:
+                    batch.results[p] = MeasureResult.failed(Status.RUNTIME_ERROR, repr(exc))
+                batch.pending.clear()
+        finally:
+            if current is not None:
+                with batch.cond:
+                    kept.append(current)
+            batch.worker_done()
 
     # -- leases ---------------------------------------------------------------------------------
 
-    def _current_lease(self) -> tracker_pb2.Lease:
-        lease = self._lease
-        if lease is not None and lease.expires_at_unix - time.time() < self.pool.lease_ttl_s / 2:
-            lease = self._renew(lease)
+    def _fill_leases(self, first_timeout_s: float) -> str:
+        """Hold up to `devices` leases: wait `first_timeout_s` for the first when none is held,
+        then `extra_acquire_timeout_s` for each further one. Returns why the last acquire
+        failed ("" when none did)."""
+        error = ""
+        while len(self._leases) < self.devices:
+            timeout = first_timeout_s if not self._leases else self.extra_acquire_timeout_s
+            try:
+                self._leases.append(self._acquire(timeout))
+            except _NoDevice as exc:
+                error = str(exc)
+                break
+        return error
+
+    def _fresh(self, lease: tracker_pb2.Lease | None) -> tracker_pb2.Lease | None:
+        """`lease`, renewed when less than half its TTL is left; None when it is gone."""
         if lease is None:
-            self._drop_lease()
-            lease = self._acquire()
-        self._lease = lease
-        return lease
+            return None
+        if lease.expires_at_unix - time.time() >= self.pool.lease_ttl_s / 2:
+            return lease
+        return self._renew(lease)
 
     def _renew(self, lease: tracker_pb2.Lease) -> tracker_pb2.Lease | None:
         """The renewed lease (with its fresh token), the same lease while a tracker outage leaves
@@ -111,19 +285,19 @@ class PoolRunner:
             _LOG.warning("renewing lease %s failed: %s", lease.lease_id, _describe(exc))
             if lease.expires_at_unix - time.time() > RENEW_FAILURE_KEEP_S:
                 return lease  # a restarting tracker keeps the lease; try again next candidate
+            self._release(lease)
             return None
         if resp.status != common_pb2.OK:
             _LOG.warning("lease %s lost: %s", lease.lease_id, resp.reason)
-            self._lease = None  # nothing left to release
-            return None
+            return None  # nothing left to release
         renewed: tracker_pb2.Lease = resp.lease
         return renewed
 
-    def _acquire(self) -> tracker_pb2.Lease:
+    def _acquire(self, timeout_s: float) -> tracker_pb2.Lease:
         p = self.pool
         try:
             resp = self._tracker.acquire(
-                p.key, p.tags, p.user, p.priority, p.acquire_timeout_s, p.lease_ttl_s
+                p.key, p.tags, p.user, p.priority, timeout_s, p.lease_ttl_s
             )
         except grpc.RpcError as exc:
             raise _NoDevice(f"tracker {p.tracker}: {_describe(exc)}") from exc
@@ -135,12 +309,10 @@ class PoolRunner:
             resp.lease.device.agent_address,
             resp.lease.lease_id,
         )
-        return resp.lease
+        lease: tracker_pb2.Lease = resp.lease
+        return lease
 
-    def _drop_lease(self) -> None:
-        lease, self._lease = self._lease, None
-        if lease is None:
-            return
+    def _release(self, lease: tracker_pb2.Lease) -> None:
         try:
             self._tracker.release(lease.lease_id)
         except grpc.RpcError as exc:
@@ -150,10 +322,11 @@ class PoolRunner:
     # -- one candidate --------------------------------------------------------------------------
 
     def _agent(self, address: str) -> agent_pb2_grpc.AgentStub:
-        if address not in self._agents:
-            channel = open_channel(address, self.pool.tls)
-            self._agents[address] = (channel, agent_pb2_grpc.AgentStub(channel))
-        return self._agents[address][1]
+        with self._agents_lock:
+            if address not in self._agents:
+                channel = open_channel(address, self.pool.tls)
+                self._agents[address] = (channel, agent_pb2_grpc.AgentStub(channel))
+            return self._agents[address][1]
 
     def _measure_one(self, lease: tracker_pb2.Lease, art: Artifact) -> MeasureResult:
         """Upload unless the agent holds `art`, then measure it under `lease`.
