@@ -1,10 +1,18 @@
-"""The `kiln` command line: tune an operator, list a pool's devices, run the demo."""
+"""The `kiln` command line: tune an operator, list a pool's devices, read records, run the demo.
+
+    kiln tune-op dense --shape 512,512,512 --trials 200 --records r.jsonl      # local pool
+    kiln tune-op conv2d --shape 1,64,56,56,64,3,3,1,1,0 --tracker HOST:PORT --key x86 \
+        --token-file pool.secrets --records redis://db:6379/0 --resume --early-stop 64
+    kiln records summary r.jsonl
+    kiln records plot r.jsonl -o curve.png
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import signal
 import statistics
 import sys
 import time
@@ -12,17 +20,25 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+import numpy as np
+
+from compiler.toolchain import BuildError, get_target
 from protos.auth import SecretsError, TlsFiles
-from tuner import devices_view, peer, table
+from tuner import devices_view, peer, records_cli, table
 from tuner.builder import LocalBuilder
 from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig
+from tuner.progress import ProgressBar
+from tuner.record_store import RecordStore, RecordStoreError, is_redis_url, open_store
 from tuner.records import Workload
 from tuner.runner.pool import PoolConfig, PoolRunner
-from tuner.search import RandomSearch
+from tuner.search import RandomSearch, Searcher
 from tuner.task import Task
 from tuner.tracker_client import read_client_token
-from tuner.tune import TuneProgress, TuningError, tune
+from tuner.tune import TuneProgress, TuningError, target_name, tune
+
+# index array -> scores; tuner.model_search.TransferScore, named here without importing xgboost
+TransferScore = Callable[[np.ndarray], np.ndarray]
 
 _LOG = logging.getLogger(__name__)
 
@@ -31,15 +47,30 @@ class UsageError(Exception):
     """Bad input on the command line: printed as `kiln: <message>`, exit status 2."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that a killed run stops its local pool and keeps its records."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+# Short names for templates whose registered names carry their layout.
+OP_ALIASES = {"conv2d": "conv2d_nchwc", "conv2d_1x1": "conv2d_1x1_nchwc"}
+TUNERS = ("xgb", "random")
+
+
 def _checked_task(workload: Workload) -> Task:
     """The task of a workload, or a UsageError naming what is wrong with the op or its shape."""
-    task = Task(workload)
+    op = OP_ALIASES.get(workload.op, workload.op)
+    task = Task(Workload(op, workload.shape, workload.dtype))
     try:
         len(task.space)
     except KeyError as exc:
         raise UsageError(str(exc.args[0])) from None
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        alias = f" ({workload.op} is {op})" if op != workload.op else ""
+        raise UsageError(f"{exc}{alias}") from None
     return task
 
 
@@ -50,8 +81,9 @@ def _shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"shape must be comma-separated integers, got {text!r}"
         ) from None
-    if not dims or any(d <= 0 for d in dims):
-        raise argparse.ArgumentTypeError(f"every dimension must be positive, got {text!r}")
+    if not dims or any(d < 0 for d in dims):
+        # 0 passes here: a conv's pad may be 0; the template says which fields must be positive.
+        raise argparse.ArgumentTypeError(f"no dimension may be negative, got {text!r}")
     return dims
 
 
@@ -71,9 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("tune-op", help="tune one operator on a pool (a local one if no --tracker)")
-    t.add_argument("op", help="op template, e.g. matmul")
     t.add_argument(
-        "--shape", type=_shape, required=True, help="e.g. 512,512,512 (M,N,K for matmul)"
+        "op",
+        help="op template: dense, matmul, conv2d (= conv2d_nchwc) or any of compiler.ops",
+    )
+    t.add_argument(
+        "--shape",
+        type=_shape,
+        required=True,
+        help="the workload: M,N,K for dense/matmul; N,IC,H,W,OC,KH,KW,stride,pad,epilogue for conv2d",
     )
     _add_tuning_args(t, remote=True)
 
@@ -94,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--count", type=int, default=0, help="with --watch: stop after this many refreshes"
     )
     _add_security_args(d)
+
+    records_cli.add_parser(sub)
 
     demo = sub.add_parser("demo", help="start a local pool, tune a matmul, print a table")
     demo.add_argument("--shape", type=_shape, default=(512, 512, 512))
@@ -146,13 +186,47 @@ def _add_tuning_args(p: argparse.ArgumentParser, remote: bool) -> None:
         p.add_argument("--key", default="", help="device key to lease (required with --tracker)")
         p.add_argument("--tag", action="append", default=[], help="k=v a device must carry")
     _add_security_args(p)
-    p.add_argument("--trials", type=int, default=64)
+    p.add_argument("--trials", type=int, default=64, help="trial budget (resumed ones count)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--records", type=Path, default=None, help="append records to this JSON-lines file"
+        "--tuner",
+        choices=TUNERS,
+        default="xgb",
+        help="xgb: cost-model-guided simulated annealing (default); random: random search",
+    )
+    p.add_argument(
+        "--early-stop",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N trials without a better candidate",
+    )
+    p.add_argument(
+        "--records",
+        default=None,
+        metavar="PATH|URL",
+        help="append records to this JSON-lines file or redis://host:port/db[?prefix=P]",
+    )
+    p.add_argument(
+        "--transfer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --tuner xgb and --records: let a model trained on the records of other "
+        "workloads of this target pick the first candidates (default: on)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the --records of this workload and target: never re-measure them",
     )
     p.add_argument("--build-workers", type=int, default=2)
+    p.add_argument(
+        "--target",
+        default="host",
+        help="what to compile for: host (this machine, -march=native) or a named target, e.g. "
+        "aarch64-neon for arm boards behind --tracker",
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--min-repeat-ms", type=float, default=20.0)
     p.add_argument(
@@ -165,41 +239,135 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        code = {"tune-op": cmd_tune_op, "devices": cmd_devices, "demo": cmd_demo}[args.command](
-            args
-        )
+        commands: dict[str, Callable[[argparse.Namespace], int]] = {
+            "tune-op": cmd_tune_op,
+            "devices": cmd_devices,
+            "demo": cmd_demo,
+            "records": records_cli.run,
+        }
+        code = commands[args.command](args)
     except UsageError as exc:
         print(f"kiln: {exc}", file=sys.stderr)
         code = 2
-    except TuningError as exc:
+    except (TuningError, RecordStoreError, records_cli.RecordsCliError) as exc:
         print(f"kiln: {exc}", file=sys.stderr)
         code = 1
+    except Terminated:
+        print("kiln: terminated", file=sys.stderr)
+        code = 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)
         code = 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # main() may run inside another program
     sys.exit(code)
 
 
-def _print_progress(total: int, started: float) -> Callable[[TuneProgress], None]:
-    def show(p: TuneProgress) -> None:
-        elapsed = time.monotonic() - started
-        eta = elapsed / p.trials * (total - p.trials) if p.trials else 0.0
-        print(
-            f"  trials {p.trials:4d}/{total}  best {p.best_gflops:7.1f} GFLOP/s  "
-            f"errors {p.errors}  elapsed {elapsed:5.1f} s  eta {eta:5.1f} s",
-            file=sys.stderr,
-        )
+def make_searcher(
+    name: str, task: Task, seed: int, transfer: TransferScore | None = None
+) -> Searcher:
+    """The searcher `--tuner name` asks for, over the task's space.
 
-    return show
+    `transfer` (xgb only) scores candidates with a model pretrained on other workloads.
+
+    Raises:
+        UsageError: an unknown name, or the model-guided searcher cannot be imported.
+    """
+    if name == "random":
+        return RandomSearch(len(task.space), seed=seed)
+    if name != "xgb":
+        raise UsageError(f"--tuner must be one of {', '.join(TUNERS)}, got {name!r}")
+    try:  # imported lazily: it pulls in xgboost, which `--tuner random` never needs
+        from tuner.model_search import ModelSearcher
+    except ImportError as exc:
+        raise UsageError(f"--tuner xgb is not available here ({exc}); use --tuner random") from None
+    shape, space = task.workload.shape, task.space
+    worth_measuring = getattr(task.template, "worth_measuring", None)
+    valid: Callable[[int], bool] | None = None
+    if worth_measuring is not None:
+
+        def valid(index: int) -> bool:
+            return bool(worth_measuring(shape, space.get(index)))
+
+    searcher: Searcher = ModelSearcher(
+        space, flop=task.flop, seed=seed, valid=valid, transfer=transfer
+    )
+    return searcher
 
 
-def _run_tuning(args: argparse.Namespace, task: Task, pool: PoolConfig) -> TuneProgress:
+def _check_tuning_args(args: argparse.Namespace) -> None:
+    try:
+        get_target(args.target)
+    except BuildError as exc:
+        raise UsageError(f"--target: {exc}") from None
+    if args.trials < 1:
+        raise UsageError(f"--trials must be >= 1, got {args.trials}")
+    if args.batch < 1:
+        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    if args.early_stop is not None and args.early_stop < 1:
+        raise UsageError(f"--early-stop must be >= 1, got {args.early_stop}")
+    if args.resume and not args.records:
+        raise UsageError("--resume needs --records (the file or database to resume from)")
+
+
+def _open_records(spec: str | None) -> RecordStore | None:
+    if spec is None:
+        return None
+    if not is_redis_url(spec) and not Path(spec).resolve().parent.is_dir():
+        raise UsageError(f"--records {spec}: directory {Path(spec).parent} does not exist")
+    try:
+        return open_store(spec)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _transfer_from(
+    store: RecordStore, task: Task, seed: int, args_target: str
+) -> TransferScore | None:
+    """A scorer pretrained on the store's records of other workloads on this host's target."""
+    from tuner.transfer import TransferModel  # lazily, like the model searcher
+
+    target = target_name(args_target)
+    model = TransferModel(seed=seed)
+    samples = model.fit(store.load(target=target), target, exclude=task.workload)
+    if samples == 0:
+        return None
+    print(
+        f"transfer: a model of {samples} records of {len(model.workloads)} other workloads "
+        f"on {target} picks the first candidates",
+        file=sys.stderr,
+    )
+    return model.scorer(task)
+
+
+def _prepare(
+    args: argparse.Namespace, task: Task, stack: ExitStack
+) -> tuple[Searcher, RecordStore | None]:
+    """The searcher and records store of a tuning command, made before any pool is started."""
+    store = _open_records(args.records)
+    if store is not None:
+        stack.callback(store.close)
+    transfer = None
+    if args.tuner == "xgb" and args.transfer and store is not None:
+        transfer = _transfer_from(store, task, args.seed, args.target)
+    return make_searcher(args.tuner, task, args.seed, transfer), store
+
+
+def _run_tuning(
+    args: argparse.Namespace,
+    task: Task,
+    pool: PoolConfig,
+    searcher: Searcher,
+    store: RecordStore | None,
+) -> TuneProgress:
     evaluator = EvaluatorConfig(
         repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout_s
     )
     runner = PoolRunner(pool, evaluator)
-    builder = LocalBuilder(workers=args.build_workers)
+    builder = LocalBuilder(target=args.target, workers=args.build_workers)
+    bar = ProgressBar()
     try:
         return tune(
             task,
@@ -207,20 +375,52 @@ def _run_tuning(args: argparse.Namespace, task: Task, pool: PoolConfig) -> TuneP
             runner,
             n_trials=args.trials,
             batch_size=args.batch,
-            searcher=RandomSearch(len(task.space), seed=args.seed),
-            records_path=args.records,
-            on_batch=_print_progress(args.trials, time.monotonic()),
+            searcher=searcher,
+            records=store,
+            resume=args.resume,
+            early_stop=args.early_stop,
+            on_batch=bar,
         )
+    except KeyboardInterrupt:
+        bar.close()
+        last = bar.last
+        if store is not None and last is not None:
+            print(
+                f"kiln: stopped after {last.trials} trials; their records are in "
+                f"{store}; run again with --resume to continue",
+                file=sys.stderr,
+            )
+        raise
     finally:
+        bar.close()
         runner.close()
         builder.close()
 
 
+def _report(progress: TuneProgress) -> None:
+    best = progress.best
+    assert best is not None  # tune() raises otherwise
+    resumed = f", {progress.resumed} of them resumed" if progress.resumed else ""
+    print(
+        f"best of {progress.trials} trials{resumed}: {best.gflops:.1f} GFLOP/s "
+        f"({best.result.median_s * 1e3:.3f} ms) config {best.config_index} {json.dumps(best.knobs)} "
+        f"on {best.result.device_id}"
+    )
+    print(
+        f"stopped: {progress.stop_reason}; wall {progress.wall_s:.1f} s, "
+        f"build {progress.build_s:.1f} s, measure {progress.measure_s:.1f} s, "
+        f"search {progress.search_s:.1f} s, model {progress.model_s:.1f} s "
+        f"({100 * progress.model_share:.1f}% of wall)"
+    )
+
+
 def cmd_tune_op(args: argparse.Namespace) -> int:
     task = _checked_task(Workload(args.op, args.shape))
+    _check_tuning_args(args)
     token, tls = _credentials(args)
     with ExitStack() as stack:
         tags = _tags(args.tag)
+        searcher, store = _prepare(args, task, stack)
         if args.tracker:
             if not args.key:
                 raise UsageError("--key is required with --tracker")
@@ -232,15 +432,13 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
                 f"local pool: tracker {tracker}, agent {pool.agent_addresses[0]}", file=sys.stderr
             )
         progress = _run_tuning(
-            args, task, PoolConfig(tracker=tracker, key=key, tags=tags, token=token, tls=tls)
+            args,
+            task,
+            PoolConfig(tracker=tracker, key=key, tags=tags, token=token, tls=tls),
+            searcher,
+            store,
         )
-    best = progress.best
-    assert best is not None  # tune() raises otherwise
-    print(
-        f"best of {progress.trials} trials: {best.gflops:.1f} GFLOP/s "
-        f"({best.result.median_s * 1e3:.3f} ms) config {best.config_index} {json.dumps(best.knobs)} "
-        f"on {best.result.device_id}"
-    )
+    _report(progress)
     return 0
 
 
@@ -262,11 +460,14 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     m, n, k = args.shape
     task = _checked_task(Workload("matmul", (m, n, k)))
+    _check_tuning_args(args)
     print(
         f"Kiln demo: tuning matmul {m}x{n}x{k} float32 for {args.trials} trials on a local pool",
         file=sys.stderr,
     )
-    with LocalPool() as pool:
+    with ExitStack() as stack:
+        searcher, store = _prepare(args, task, stack)
+        pool = stack.enter_context(LocalPool())
         print(
             f"  tracker pid {pool.procs[0].pid} at {pool.tracker_address}, "
             f"agent pid {pool.procs[1].pid} at {pool.agent_addresses[0]}",
@@ -277,6 +478,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             args,
             task,
             PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token),
+            searcher,
+            store,
         )
         wall_s = time.monotonic() - started
     best = progress.best

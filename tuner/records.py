@@ -1,12 +1,20 @@
 """Tuning records as JSON lines, one candidate a line, with a versioned schema.
 
-Schema version 1, one object per line:
+Schema version 2 (what this module writes), one object per line:
 
-    {"v": 1, "workload": {"op": "matmul", "shape": [M, N, K], "dtype": "float32"},
-     "target": "x86_64-avx512", "config": {"index": 17, "knobs": {"tile_m": 32, ...}},
-     "result": {"status": "OK", "samples_s": [...], "error": "", "device_id": "a/0",
-                "number_used": 64},
+    {"v": 2, "workload": {"op": "matmul", "shape": [M, N, K], "dtype": "float32"},
+     "target": "x86_64-avx512", "space_size": 288,
+     "config": {"index": 17, "knobs": {"tile_m": 32, ...}},
+     "status": "OK", "device": "a/0",
+     "result": {"status": "OK", "samples_s": [...], "error": "", "number_used": 64},
      "flop": 268435456.0, "timestamp": "2026-11-22T03:30:00+00:00"}
+
+`space_size` is the size of the config space the index was drawn from (0: unknown), so a reader
+can tell a record of a space that has since changed; `status` and `device` repeat the result's
+status and the device it ran on at top level, for grep and for summaries.
+
+Version 1 (read, migrated on read) had no `space_size`, no top-level `status`/`device`, and kept the
+device as `result.device_id`.
 
 Readers skip lines they cannot parse or whose version is newer than they know, with a warning that
 names the file and line, so a torn last line or a future writer never breaks an old reader.
@@ -18,7 +26,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +34,12 @@ from tuner.measure import MeasureResult, Status
 
 _LOG = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
+class RecordFormatError(ValueError):
+    """A record object that this reader cannot turn into a Record; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +57,17 @@ class Workload:
     def from_json(cls, obj: dict[str, Any]) -> Workload:
         return cls(op=str(obj["op"]), shape=tuple(int(x) for x in obj["shape"]), dtype=obj["dtype"])
 
+    def __str__(self) -> str:
+        return f"{self.op}({','.join(map(str, self.shape))}) {self.dtype}"
+
 
 @dataclass(frozen=True)
 class Record:
-    """One measured candidate."""
+    """One measured candidate.
+
+    `space_size` is the size of the config space `config_index` belongs to; 0 means unknown (a
+    migrated version-1 record).
+    """
 
     workload: Workload
     target: str
@@ -56,23 +76,35 @@ class Record:
     result: MeasureResult
     flop: float
     timestamp: str
+    space_size: int = field(default=0)
 
     @property
     def gflops(self) -> float:
         return self.flop / self.result.median_s / 1e9 if self.result.ok else 0.0
 
+    @property
+    def status(self) -> Status:
+        return self.result.status
+
+    @property
+    def device(self) -> str:
+        return self.result.device_id
+
     def to_json(self) -> dict[str, Any]:
+        """The version-2 JSON object of this record."""
         r = self.result
         return {
             "v": SCHEMA_VERSION,
             "workload": self.workload.to_json(),
             "target": self.target,
+            "space_size": self.space_size,
             "config": {"index": self.config_index, "knobs": self.knobs},
+            "status": r.status.value,
+            "device": r.device_id,
             "result": {
                 "status": r.status.value,
                 "samples_s": list(r.samples_s),
                 "error": r.error,
-                "device_id": r.device_id,
                 "number_used": r.number_used,
             },
             "flop": self.flop,
@@ -81,33 +113,67 @@ class Record:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Record:
-        res = obj["result"]
-        result = MeasureResult(
-            status=Status(res["status"]),
-            samples_s=tuple(float(s) for s in res["samples_s"]),
-            error=str(res.get("error", "")),
-            device_id=str(res.get("device_id", "")),
-            number_used=int(res.get("number_used", 0)),
-        )
-        cfg = obj["config"]
-        return cls(
-            workload=Workload.from_json(obj["workload"]),
-            target=str(obj["target"]),
-            config_index=int(cfg["index"]),
-            knobs=dict(cfg["knobs"]),
-            result=result,
-            flop=float(obj.get("flop", 0.0)),
-            timestamp=str(obj.get("timestamp", "")),
-        )
+        """A Record from a version-1 or version-2 object (version 1 is migrated).
+
+        Raises:
+            RecordFormatError: the version is unknown or a field is missing or malformed.
+        """
+        if not isinstance(obj, dict):
+            raise RecordFormatError(f"a record is a JSON object, got {type(obj).__name__}")
+        version = obj.get("v")
+        if version not in READABLE_VERSIONS:
+            raise RecordFormatError(
+                f"schema version {version!r}, this reader knows {', '.join(map(str, READABLE_VERSIONS))}"
+            )
+        try:
+            res = obj["result"]
+            # version 1 kept the device in the result; version 2 at top level
+            device = str(res.get("device_id", "") if version == 1 else obj.get("device", ""))
+            result = MeasureResult(
+                status=Status(res["status"]),
+                samples_s=tuple(float(s) for s in res["samples_s"]),
+                error=str(res.get("error", "")),
+                device_id=device,
+                number_used=int(res.get("number_used", 0)),
+            )
+            cfg = obj["config"]
+            return cls(
+                workload=Workload.from_json(obj["workload"]),
+                target=str(obj["target"]),
+                config_index=int(cfg["index"]),
+                knobs=dict(cfg["knobs"]),
+                result=result,
+                flop=float(obj.get("flop", 0.0)),
+                timestamp=str(obj.get("timestamp", "")),
+                space_size=int(obj.get("space_size", 0)),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RecordFormatError(f"{type(exc).__name__}: {exc}") from None
 
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def dumps(record: Record) -> str:
+    """One record as its JSON line, without the newline."""
+    return json.dumps(record.to_json(), sort_keys=True)
+
+
+def parse(line: str, where: str) -> Record | None:
+    """The record of one line, or None (with a warning naming `where`) when it is unreadable."""
+    try:
+        return Record.from_json(json.loads(line))
+    except RecordFormatError as exc:
+        _LOG.warning("%s: skipped: %s", where, exc)
+    except ValueError as exc:  # not JSON, e.g. a torn last line
+        _LOG.warning("%s: skipped unreadable record: %s", where, exc)
+    return None
+
+
 def append(path: str | os.PathLike[str], records: Iterable[Record]) -> None:
     """Append records and flush them to disk, so a killed run loses at most what was not written."""
-    lines = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in records)
+    lines = "".join(dumps(r) + "\n" for r in records)
     with open(path, "a", encoding="utf-8") as f:
         f.write(lines)
         f.flush()
@@ -120,26 +186,66 @@ def load(path: str | os.PathLike[str]) -> Iterator[Record]:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-                version = obj.get("v")
-                if version != SCHEMA_VERSION:
-                    _LOG.warning(
-                        "%s:%d: skipped: schema version %r, this reader knows %d",
-                        path,
-                        lineno,
-                        version,
-                        SCHEMA_VERSION,
-                    )
-                    continue
-                yield Record.from_json(obj)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                _LOG.warning("%s:%d: skipped unreadable record: %s", path, lineno, exc)
+            record = parse(line, f"{path}:{lineno}")
+            if record is not None:
+                yield record
 
 
-def best(records: Iterable[Record], workload: Workload, target: str) -> Record | None:
-    """The fastest OK record of a workload on a target; records of other targets never count."""
+def matches(record: Record, workload: Workload | None = None, target: str | None = None) -> bool:
+    """Whether a record is of `workload` (any if None) on `target` (any if None)."""
+    return matches_pair(record.workload, record.target, workload, target)
+
+
+def matches_pair(
+    workload: Workload, target: str, want_workload: Workload | None, want_target: str | None
+) -> bool:
+    """Whether (workload, target) is what was asked for (None: anything)."""
+    return (want_workload is None or workload == want_workload) and (
+        want_target is None or target == want_target
+    )
+
+
+def best(
+    records: Iterable[Record], workload: Workload, target: str, space_size: int | None = None
+) -> Record | None:
+    """The fastest OK record of a workload on a target; records of other targets never count.
+
+    Args:
+        records: any records, of any workloads and targets.
+        workload: the workload wanted.
+        target: the target wanted, by its resolved name (e.g. "x86_64-avx512", not "host").
+        space_size: when given, records of a config space of another (known) size are ignored,
+            because their index means another config in today's space.
+    """
     candidates = [
-        r for r in records if r.workload == workload and r.target == target and r.result.ok
+        r
+        for r in records
+        if matches(r, workload, target)
+        and r.result.ok
+        and (space_size is None or r.space_size in (0, space_size))
     ]
     return min(candidates, key=lambda r: r.result.median_s, default=None)
+
+
+@dataclass(frozen=True)
+class BestConfig:
+    """What `apply_best` hands a compiler: the config to build, and how fast it was."""
+
+    index: int
+    knobs: dict[str, Any]
+    gflops: float
+    median_s: float
+    device: str
+
+
+def apply_best(
+    records: Iterable[Record], workload: Workload, target: str, space_size: int | None = None
+) -> BestConfig | None:
+    """The best config of `workload` on `target` from `records`, or None if none was measured OK.
+
+    Records of another target never apply, however fast they were.
+    """
+    b = best(records, workload, target, space_size)
+    if b is None:
+        return None
+    return BestConfig(b.config_index, dict(b.knobs), b.gflops, b.result.median_s, b.device)

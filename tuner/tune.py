@@ -1,44 +1,190 @@
-"""The tuning loop: ask the searcher, build, measure, record, tell; stop at the trial budget."""
+"""The tuning loop: ask the searcher, build, measure, record, tell; stop at the trial budget.
+
+Records are appended (and fsync'd) to the store once per batch, so a run killed or interrupted
+loses at most the batch in flight. `resume=True` reads the records of this workload and target
+back, tells the searcher their results (it never proposes them again and its model trains on
+them) and counts them toward the budget. The loop ends at the budget, when the space runs out,
+after `early_stop` trials with no better candidate, or with a `TuningError` when the first
+`give_up_after_batches` batches produced no working candidate at all.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from compiler.toolchain import BuildError, get_target
 from tuner import records as rec
-from tuner.builder import Builder
+from tuner.builder import Builder, BuildResult
 from tuner.measure import MeasureResult, Status
+from tuner.record_store import FileRecords, RecordStore, open_store
 from tuner.runner.base import Runner
 from tuner.search import RandomSearch, Searcher
 from tuner.task import Task
 
 _LOG = logging.getLogger(__name__)
 
+GIVE_UP_AFTER_BATCHES = 2
+
 
 @dataclass
 class TuneProgress:
-    """What the loop has done so far; handed to the progress callback after every batch."""
+    """What the loop has done so far; handed to the progress callback after every batch.
 
+    Times are seconds of this run (resumed records cost nothing): `build_s` in the builder,
+    `measure_s` in the runner, `search_s` in the searcher's ask and tell, `model_s` the part of it
+    the searcher reports as cost-model work (its `model_seconds`, when it has one).
+    """
+
+    total: int = 0
     history: list[rec.Record] = field(default_factory=list)
     best: rec.Record | None = None
+    best_at: int = 0
+    resumed: int = 0
+    started: float = field(default_factory=time.monotonic)
+    wall_s: float = 0.0
+    build_s: float = 0.0
+    measure_s: float = 0.0
+    search_s: float = 0.0
+    model_s: float = 0.0
+    stop_reason: str = ""
 
     @property
     def trials(self) -> int:
+        """Trials done, resumed ones included (what the budget counts)."""
         return len(self.history)
+
+    @property
+    def new_trials(self) -> int:
+        """Trials measured by this run."""
+        return len(self.history) - self.resumed
 
     @property
     def errors(self) -> int:
         return sum(not r.result.ok for r in self.history)
 
     @property
+    def errors_by_status(self) -> dict[str, int]:
+        return dict(Counter(r.result.status.value for r in self.history if not r.result.ok))
+
+    @property
     def best_gflops(self) -> float:
         return self.best.gflops if self.best else 0.0
+
+    @property
+    def model_share(self) -> float:
+        """The cost model's share of this run's wall time (0 for a searcher without a model)."""
+        return self.model_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float:
+        """Seconds left at this run's pace if the whole budget is used (early stop may end sooner)."""
+        if self.new_trials <= 0:
+            return 0.0
+        return self.wall_s / self.new_trials * max(0, self.total - self.trials)
+
+    def add(self, batch: Sequence[rec.Record]) -> None:
+        """Take a batch of records into the history, moving the best if one of them beats it."""
+        for r in batch:
+            self.history.append(r)
+            if r.result.ok and (self.best is None or r.result.median_s < self.best.result.median_s):
+                self.best = r
+                self.best_at = len(self.history)
 
 
 class TuningError(RuntimeError):
     """The run could not produce any working candidate."""
+
+
+def target_name(target: str) -> str:
+    """The name records carry for a builder's target: "host" resolves to this machine's class."""
+    try:
+        return get_target(target).name
+    except BuildError:
+        return target  # not a compiler target (a test's fake builder): its name is what it is
+
+
+def _store(
+    records: RecordStore | str | os.PathLike[str] | None,
+    records_path: str | os.PathLike[str] | None,
+) -> RecordStore | None:
+    if records is not None and records_path is not None:
+        raise ValueError("give records or records_path, not both")
+    spec = records if records is not None else records_path
+    if spec is None or not isinstance(spec, str | os.PathLike):
+        return spec
+    return open_store(spec) if isinstance(spec, str) else FileRecords(spec)
+
+
+def _normal(knobs: dict[str, object]) -> object:
+    return json.loads(json.dumps(knobs, sort_keys=True))
+
+
+def _resumable(task: Task, records: Sequence[rec.Record]) -> list[rec.Record]:
+    """One record per config index of today's space: the best of each, in first-seen order.
+
+    Records of a space of another size, or whose knobs are not today's knobs of their index, are
+    dropped with a warning: the index would name another config now.
+    """
+    size = len(task.space)
+    chosen: dict[int, rec.Record] = {}
+    stale = 0
+    for r in records:
+        i = r.config_index
+        if r.space_size not in (0, size) or not 0 <= i < size:
+            stale += 1
+            continue
+        if i not in chosen and _normal(r.knobs) != _normal(task.knobs(i)):
+            stale += 1
+            continue
+        if i not in chosen or r.result.median_s < chosen[i].result.median_s:
+            chosen[i] = r
+    if stale:
+        _LOG.warning(
+            "resume: %d records of %s were of another config space and are ignored",
+            stale,
+            task.workload,
+        )
+    return list(chosen.values())
+
+
+def _run_batch(
+    task: Task, builder: Builder, runner: Runner, indices: Sequence[int], progress: TuneProgress
+) -> list[MeasureResult]:
+    t0 = time.monotonic()
+    built: list[BuildResult] = builder.build(task.workload, indices)
+    t1 = time.monotonic()
+    artifacts = [b.artifact for b in built if b.artifact is not None]
+    measured = runner.run(artifacts) if artifacts else []
+    progress.build_s += t1 - t0
+    progress.measure_s += time.monotonic() - t1
+    if len(measured) != len(artifacts):
+        _LOG.error("runner returned %d results for %d artifacts", len(measured), len(artifacts))
+    it = iter(measured)
+    results: list[MeasureResult] = []
+    for b in built:
+        if b.artifact is None:
+            results.append(MeasureResult.failed(Status.BUILD_ERROR, b.error))
+        else:
+            results.append(
+                next(it, None)
+                or MeasureResult.failed(Status.RUNTIME_ERROR, "the runner returned no result")
+            )
+    return results
+
+
+def _failure_summary(history: Sequence[rec.Record]) -> str:
+    causes = Counter(
+        f"{r.result.status.value}: {(r.result.error.strip().splitlines() or ['(no message)'])[0]}"
+        for r in history
+        if not r.result.ok
+    )
+    return "; ".join(f"{n}x {cause}" for cause, n in causes.most_common(3)) or "none measured"
 
 
 def tune(
@@ -48,49 +194,145 @@ def tune(
     n_trials: int,
     batch_size: int = 8,
     searcher: Searcher | None = None,
-    records_path: str | os.PathLike[str] | None = None,
+    records: RecordStore | str | os.PathLike[str] | None = None,
     on_batch: Callable[[TuneProgress], None] | None = None,
+    resume: bool = False,
+    early_stop: int | None = None,
+    give_up_after_batches: int = GIVE_UP_AFTER_BATCHES,
+    records_path: str | os.PathLike[str] | None = None,
 ) -> TuneProgress:
-    """Tune `task` for up to n_trials candidates; every candidate is appended to records_path.
+    """Tune `task` for up to n_trials candidates, appending every candidate to `records`.
+
+    Args:
+        task: the workload to tune.
+        builder: builds config indices into artifacts; its target names the records' target.
+        runner: measures artifacts.
+        n_trials: the trial budget, resumed trials included.
+        batch_size: candidates asked, built, measured and recorded together.
+        searcher: proposes configs (default: random search without repeats).
+        records: a RecordStore, a path or a `redis://` URL; None keeps records in memory only.
+        on_batch: called with the progress after every batch (and once after resuming).
+        resume: read this workload's records on this target from `records` first, tell the
+            searcher their results and count them toward `n_trials`.
+        early_stop: end after this many trials in a row that did not beat the best.
+        give_up_after_batches: with no working candidate after this many batches of this run,
+            raise TuningError instead of spending the rest of the budget.
+        records_path: the older name of `records` (a path).
+
+    Returns:
+        The progress at the end, with the best record, every record and the time accounting.
 
     Raises:
-        TuningError: when every candidate failed, naming the first few causes.
+        TuningError: no candidate worked; the message names the most common causes.
+        ValueError: bad arguments (resume without records, a budget or batch below 1).
     """
+    if n_trials < 1 or batch_size < 1:
+        raise ValueError(f"n_trials and batch_size must be >= 1, got {n_trials}, {batch_size}")
+    if early_stop is not None and early_stop < 1:
+        raise ValueError(f"early_stop must be >= 1, got {early_stop}")
+    store = _store(records, records_path)
+    if resume and store is None:
+        raise ValueError("resume needs a records store to read")
+    try:
+        return _tune(
+            task,
+            builder,
+            runner,
+            n_trials,
+            batch_size,
+            searcher,
+            store,
+            on_batch,
+            resume,
+            early_stop,
+            give_up_after_batches,
+        )
+    finally:
+        if store is not None and store is not records:
+            store.close()  # opened here from a path or URL
+
+
+def _tune(
+    task: Task,
+    builder: Builder,
+    runner: Runner,
+    n_trials: int,
+    batch_size: int,
+    searcher: Searcher | None,
+    store: RecordStore | None,
+    on_batch: Callable[[TuneProgress], None] | None,
+    resume: bool,
+    early_stop: int | None,
+    give_up_after_batches: int,
+) -> TuneProgress:
     searcher = searcher or RandomSearch(len(task.space))
-    progress = TuneProgress()
+    model_s0 = float(getattr(searcher, "model_seconds", 0.0))
+    progress = TuneProgress(total=n_trials)
+    target = target_name(builder.target)
+    space_size = len(task.space)
+
+    def tick() -> None:
+        progress.wall_s = time.monotonic() - progress.started
+        progress.model_s = float(getattr(searcher, "model_seconds", 0.0)) - model_s0
+
+    if resume and store is not None:
+        prior = _resumable(task, store.load(task.workload, target))
+        if prior:
+            t0 = time.monotonic()
+            searcher.tell([r.config_index for r in prior], [r.result for r in prior])
+            progress.search_s += time.monotonic() - t0
+            progress.add(prior)
+            progress.resumed = len(prior)
+            _LOG.info("resumed %d trials of %s on %s", len(prior), task.workload, target)
+            tick()
+            if on_batch is not None:
+                on_batch(progress)
+
+    measured = {r.config_index for r in progress.history}
+    failed_batches = 0
     while progress.trials < n_trials:
-        indices = searcher.ask(min(batch_size, n_trials - progress.trials))
+        if early_stop is not None and progress.trials - progress.best_at >= early_stop:
+            progress.stop_reason = f"no better candidate in {early_stop} trials"
+            break
+        t0 = time.monotonic()
+        asked = searcher.ask(min(batch_size, n_trials - progress.trials))
+        progress.search_s += time.monotonic() - t0
+        indices = [i for i in dict.fromkeys(asked) if i not in measured]
+        if len(indices) < len(asked):
+            _LOG.warning("the searcher proposed %d measured configs", len(asked) - len(indices))
         if not indices:
-            break  # the whole space was measured
-        built = builder.build(task.workload, indices)
-        artifacts = [b.artifact for b in built if b.artifact is not None]
-        measured = iter(runner.run(artifacts))
-        results: list[MeasureResult] = []
-        for b in built:
-            if b.artifact is None:
-                results.append(MeasureResult.failed(Status.BUILD_ERROR, b.error))
-            else:
-                results.append(next(measured))
-        target = next((a.target for a in artifacts), builder.target)
+            progress.stop_reason = "the config space is exhausted"
+            break
+        results = _run_batch(task, builder, runner, indices, progress)
+        stamp = rec.now_iso()
         batch = [
-            rec.Record(task.workload, target, i, task.knobs(i), r, task.flop, rec.now_iso())
+            rec.Record(task.workload, target, i, task.knobs(i), r, task.flop, stamp, space_size)
             for i, r in zip(indices, results, strict=True)
         ]
-        if records_path is not None:
-            rec.append(records_path, batch)
+        if store is not None:
+            store.append(batch)
+        t0 = time.monotonic()
         searcher.tell(indices, results)
-        progress.history.extend(batch)
-        for r in batch:
-            if r.result.ok and (
-                progress.best is None or r.result.median_s < progress.best.result.median_s
-            ):
-                progress.best = r
+        progress.search_s += time.monotonic() - t0
+        measured.update(indices)
+        progress.add(batch)
+        tick()
         if on_batch is not None:
             on_batch(progress)
+        if progress.best is None:
+            failed_batches += 1
+            if failed_batches >= give_up_after_batches:
+                raise TuningError(
+                    f"no candidate of {task.workload} on {target} worked in the first "
+                    f"{progress.trials} trials ({failed_batches} batches); giving up. "
+                    f"Causes: {_failure_summary(progress.history)}"
+                )
+    else:
+        progress.stop_reason = "trial budget reached"
+    tick()
     if progress.best is None:
-        causes = sorted({f"{r.result.status.value}: {r.result.error}" for r in progress.history})
         raise TuningError(
-            f"no candidate of {task.workload} succeeded in {progress.trials} trials; "
-            f"causes: {'; '.join(causes[:3]) or 'none measured'}"
+            f"no candidate of {task.workload} on {target} worked in {progress.trials} trials; "
+            f"causes: {_failure_summary(progress.history)}"
         )
     return progress

@@ -1,0 +1,167 @@
+"""A Redis records database, shared by every workstation tuning against it.
+
+Layout under the key prefix P (default "kiln:records:"), per (workload, target) pair `W`, where `W`
+is the sorted-keys JSON of {"workload": ..., "target": ...}:
+
+    P log:W     list of record JSON lines (schema of tuner.records), append-only, in append order
+    P best:W    hash {median_s, record}: the fastest OK record so far
+    P index     set of every W that has records
+
+One Lua script appends a record and, when it is OK and faster than the stored best, replaces the
+best, so the best is exact under any number of concurrent writers; a batch of appends goes in one
+MULTI/EXEC transaction, so a reader never sees half a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.parse
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+import redis
+
+from tuner import records as rec
+from tuner.record_store import RecordStoreError
+
+_LOG = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "kiln:records:"
+_SOCKET_TIMEOUT_S = 10.0
+_T = TypeVar("_T")
+
+# KEYS: log, best, index. ARGV: W, record JSON, median seconds ("" for a failed candidate).
+_APPEND = """
+redis.call('RPUSH', KEYS[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[1])
+if ARGV[3] ~= '' then
+  local cur = redis.call('HGET', KEYS[2], 'median_s')
+  if (not cur) or tonumber(ARGV[3]) < tonumber(cur) then
+    redis.call('HSET', KEYS[2], 'median_s', ARGV[3], 'record', ARGV[2])
+  end
+end
+return redis.call('LLEN', KEYS[1])
+"""
+
+
+def parse_url(url: str) -> tuple[str, str, str]:
+    """Split a records URL into (redis-py URL, key prefix, URL safe to print).
+
+    Raises:
+        ValueError: another scheme, or no host / socket path.
+    """
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
+    rest = urllib.parse.urlencode({name: values[-1] for name, values in query.items()})
+    if parts.scheme in ("redis", "rediss"):
+        if not parts.hostname:
+            raise ValueError(f"records URL {url!r} names no host (redis://host:port/db)")
+        client_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, rest, ""))
+        shown = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+    elif parts.scheme == "redis+unix":
+        if not parts.path:
+            raise ValueError(f"records URL {url!r} names no socket (redis+unix:///path)")
+        client_url = f"unix://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
+        shown = f"redis+unix://{parts.path}"
+    else:
+        raise ValueError(
+            f"records URL {url!r}: scheme must be redis://, rediss:// or redis+unix://"
+        )
+    return client_url, prefix, shown
+
+
+def _pair_key(workload: rec.Workload, target: str) -> str:
+    return json.dumps({"workload": workload.to_json(), "target": target}, sort_keys=True)
+
+
+class RedisRecords:
+    """The RecordStore of a Redis database; see the module docstring for the layout."""
+
+    def __init__(self, url: str, prefix: str | None = None) -> None:
+        """Connect (lazily) to the database at `url`; `prefix` overrides the URL's `?prefix=`.
+
+        Raises:
+            ValueError: the URL is malformed.
+        """
+        client_url, url_prefix, self.shown = parse_url(url)
+        self.prefix = url_prefix if prefix is None else prefix
+        try:
+            self._redis: Any = redis.Redis.from_url(
+                client_url,
+                decode_responses=True,
+                socket_timeout=_SOCKET_TIMEOUT_S,
+                socket_connect_timeout=_SOCKET_TIMEOUT_S,
+            )
+        except ValueError as exc:
+            raise ValueError(f"records URL {self.shown}: {exc}") from None
+        self._append = self._redis.register_script(_APPEND)
+
+    def __str__(self) -> str:
+        return f"{self.shown} (prefix {self.prefix!r})"
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except redis.RedisError as exc:
+            raise RecordStoreError(f"records database {self.shown}: {what} failed: {exc}") from exc
+
+    def _keys(self, pair: str) -> list[str]:
+        return [f"{self.prefix}log:{pair}", f"{self.prefix}best:{pair}", f"{self.prefix}index"]
+
+    def append(self, records: Sequence[rec.Record]) -> None:
+        """Append a batch in one transaction, keeping each pair's best exact."""
+        if not records:
+            return
+
+        def run() -> None:
+            pipe = self._redis.pipeline(transaction=True)
+            for r in records:
+                pair = _pair_key(r.workload, r.target)
+                median = repr(r.result.median_s) if r.result.ok else ""
+                self._append(keys=self._keys(pair), args=[pair, rec.dumps(r), median], client=pipe)
+            pipe.execute()
+
+        self._call("append", run)
+
+    def pairs(self) -> list[tuple[rec.Workload, str]]:
+        """Every (workload, target) with records, skipping (with a warning) unreadable entries."""
+        out = []
+        for pair in sorted(
+            self._call("index", lambda: self._redis.smembers(self.prefix + "index"))
+        ):
+            try:
+                obj = json.loads(pair)
+                out.append((rec.Workload.from_json(obj["workload"]), str(obj["target"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                _LOG.warning("%s: skipped index entry %r: %s", self.shown, pair, exc)
+        return out
+
+    def load(
+        self, workload: rec.Workload | None = None, target: str | None = None
+    ) -> list[rec.Record]:
+        """The readable records of `workload` on `target` (None: any), in append order per pair."""
+        if workload is not None and target is not None:
+            pairs = [(workload, target)]
+        else:
+            pairs = [(w, t) for w, t in self.pairs() if rec.matches_pair(w, t, workload, target)]
+        out: list[rec.Record] = []
+        for w, t in pairs:
+            key = self._keys(_pair_key(w, t))[0]
+            lines: list[str] = self._call("load", partial(self._redis.lrange, key, 0, -1))
+            for i, line in enumerate(lines):
+                r = rec.parse(line, f"{self.shown} {key}[{i}]")
+                if r is not None:
+                    out.append(r)
+        return out
+
+    def best(self, workload: rec.Workload, target: str) -> rec.Record | None:
+        """The fastest OK record of the pair, kept by the append script (one round trip)."""
+        key = self._keys(_pair_key(workload, target))[1]
+        line = self._call("best", lambda: self._redis.hget(key, "record"))
+        return None if line is None else rec.parse(line, f"{self.shown} {key}")
+
+    def close(self) -> None:
+        self._redis.close()
