@@ -135,10 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     records_cli.add_parser(sub)
 
-    demo = sub.add_parser("demo", help="start a local pool, tune a matmul, print a table")
+    demo = sub.add_parser(
+        "demo", help="start a local pool, tune sgemm (dense, packed B), print a table"
+    )
     demo.add_argument("--shape", type=_shape, default=(512, 512, 512))
     _add_tuning_args(demo, remote=False)
-    demo.set_defaults(trials=32)
+    demo.set_defaults(trials=64)
     return parser
 
 
@@ -459,10 +461,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     m, n, k = args.shape
-    task = _checked_task(Workload("matmul", (m, n, k)))
+    task = _checked_task(Workload("dense", (m, n, k)))
     _check_tuning_args(args)
     print(
-        f"Kiln demo: tuning matmul {m}x{n}x{k} float32 for {args.trials} trials on a local pool",
+        f"Kiln demo: tuning sgemm (dense) {m}x{n}x{k} float32 with the {args.tuner} tuner for "
+        f"{args.trials} trials on a local pool",
         file=sys.stderr,
     )
     with ExitStack() as stack:
@@ -496,6 +499,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "numpy GFLOP/s (1 thread)",
                 "ours / numpy",
                 "tuning wall s",
+                "model share",
                 "measured on",
             ],
             [
@@ -506,6 +510,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     f"{np_gflops:.1f}",
                     f"{best.gflops / np_gflops:.2f}x",
                     f"{wall_s:.1f}",
+                    f"{progress.model_share:.1%}",
                     f"{best.result.device_id} (key {pool.key}, agent {pool.agent_addresses[0]})",
                 ]
             ],
