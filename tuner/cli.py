@@ -224,6 +224,15 @@ def _add_tuning_args(p: argparse.ArgumentParser, remote: bool) -> None:
     )
     p.add_argument("--build-workers", type=int, default=2)
     p.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="measure on up to N leased devices at once (a local pool starts N devices)",
+    )
+    p.add_argument(
+        "--per-unit", type=int, default=4, help="candidates compiled together in one gcc call"
+    )
+    p.add_argument(
         "--target",
         default="host",
         help="what to compile for: host (this machine, -march=native) or a named target, e.g. "
@@ -308,6 +317,9 @@ def _check_tuning_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--trials must be >= 1, got {args.trials}")
     if args.batch < 1:
         raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    for flag in ("devices", "per_unit", "build_workers"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.early_stop is not None and args.early_stop < 1:
         raise UsageError(f"--early-stop must be >= 1, got {args.early_stop}")
     if args.resume and not args.records:
@@ -367,8 +379,8 @@ def _run_tuning(
     evaluator = EvaluatorConfig(
         repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout_s
     )
-    runner = PoolRunner(pool, evaluator)
-    builder = LocalBuilder(target=args.target, workers=args.build_workers)
+    runner = PoolRunner(pool, evaluator, devices=args.devices)
+    builder = LocalBuilder(target=args.target, workers=args.build_workers, per_unit=args.per_unit)
     bar = ProgressBar()
     try:
         return tune(
@@ -428,7 +440,7 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
                 raise UsageError("--key is required with --tracker")
             tracker, key = args.tracker, args.key
         else:
-            pool = stack.enter_context(LocalPool())
+            pool = stack.enter_context(LocalPool(devices=args.devices))
             tracker, key, token = pool.tracker_address, pool.key, pool.client_token
             print(
                 f"local pool: tracker {tracker}, agent {pool.agent_addresses[0]}", file=sys.stderr

@@ -164,3 +164,15 @@ def test_records_in_redis_then_summary_and_plot(tmp_path: Path) -> None:
         plot = kiln("records", "plot", url, "-o", str(png))
         assert plot.returncode == 0, plot.stderr
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_local_pool_of_two_devices_measures_on_both(tmp_path: Path) -> None:
+    records = tmp_path / "r.jsonl"
+    out = kiln(
+        "tune-op", "dense", "--shape", "48,48,48", "--trials", "16", "--batch", "8",
+        "--devices", "2", "--tuner", "random", "--records", str(records), *SMALL,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = list(rec.load(records))
+    assert len(got) == 16 and all(r.result.ok for r in got)
+    assert len({r.result.device_id for r in got}) == 2

@@ -24,6 +24,8 @@ def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         (["--early-stop", "0"], "--early-stop must be >= 1, got 0"),
         (["--trials", "0"], "--trials must be >= 1, got 0"),
         (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--devices", "0"], "--devices must be >= 1, got 0"),
+        (["--per-unit", "-1"], "--per-unit must be >= 1, got -1"),
         (["--tuner", "annealing"], "invalid choice: 'annealing'"),
         (["--target", "vax"], "--target: unknown target 'vax'; known: host, "),
         (["--records", "redis:///0"], "names no host"),
