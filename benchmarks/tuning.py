@@ -97,7 +97,7 @@ def valid_fn(task: Task) -> Callable[[int], bool]:
     check = getattr(t, "worth_measuring", None)
     if check is None:
         return lambda i: True
-    return lambda i: bool(check(task.workload.shape, task.space.get(i)))
+    return lambda i: bool(check(task.workload.shape, task.space.get(i), "host"))
 
 
 class Table:

@@ -53,6 +53,7 @@ class Target:
     compiler: str
     flags: tuple[str, ...]
     vector_bytes: int = 64  # the widest SIMD register: how wide generated vector types go
+    vector_registers: int = 32  # how many of them the ISA has (register tiles must fit)
 
     @property
     def is_cross(self) -> bool:
@@ -86,9 +87,15 @@ TARGETS: dict[str, Target] = {
             _cross_compiler("x86_64"),
             (*_COMMON_FLAGS, "-march=x86-64-v3"),
             32,
+            16,
         ),
         Target(
-            "x86_64", "x86_64", _cross_compiler("x86_64"), (*_COMMON_FLAGS, "-march=x86-64"), 16
+            "x86_64",
+            "x86_64",
+            _cross_compiler("x86_64"),
+            (*_COMMON_FLAGS, "-march=x86-64"),
+            16,
+            16,
         ),
         Target(
             "aarch64-neon",

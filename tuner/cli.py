@@ -277,31 +277,37 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def make_searcher(
-    name: str, task: Task, seed: int, transfer: TransferScore | None = None
+    name: str,
+    task: Task,
+    seed: int,
+    transfer: TransferScore | None = None,
+    target: str = "host",
 ) -> Searcher:
     """The searcher `--tuner name` asks for, over the task's space.
 
-    `transfer` (xgb only) scores candidates with a model pretrained on other workloads.
+    Both searchers skip configs the template calls implausible on `target` (a register tile that
+    spills there). `transfer` (xgb only) scores candidates with a model pretrained on other
+    workloads.
 
     Raises:
         UsageError: an unknown name, or the model-guided searcher cannot be imported.
     """
-    if name == "random":
-        return RandomSearch(len(task.space), seed=seed)
-    if name != "xgb":
+    if name not in TUNERS:
         raise UsageError(f"--tuner must be one of {', '.join(TUNERS)}, got {name!r}")
-    try:  # imported lazily: it pulls in xgboost, which `--tuner random` never needs
-        from tuner.model_search import ModelSearcher
-    except ImportError as exc:
-        raise UsageError(f"--tuner xgb is not available here ({exc}); use --tuner random") from None
     shape, space = task.workload.shape, task.space
     worth_measuring = getattr(task.template, "worth_measuring", None)
     valid: Callable[[int], bool] | None = None
     if worth_measuring is not None:
 
         def valid(index: int) -> bool:
-            return bool(worth_measuring(shape, space.get(index)))
+            return bool(worth_measuring(shape, space.get(index), target))
 
+    if name == "random":
+        return RandomSearch(len(space), seed=seed, valid=valid)
+    try:  # imported lazily: it pulls in xgboost, which `--tuner random` never needs
+        from tuner.model_search import ModelSearcher
+    except ImportError as exc:
+        raise UsageError(f"--tuner xgb is not available here ({exc}); use --tuner random") from None
     searcher: Searcher = ModelSearcher(
         space, flop=task.flop, seed=seed, valid=valid, transfer=transfer
     )
@@ -366,7 +372,7 @@ def _prepare(
     transfer = None
     if args.tuner == "xgb" and args.transfer and store is not None:
         transfer = _transfer_from(store, task, args.seed, args.target)
-    return make_searcher(args.tuner, task, args.seed, transfer), store
+    return make_searcher(args.tuner, task, args.seed, transfer, args.target), store
 
 
 def _run_tuning(

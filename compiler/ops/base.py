@@ -8,7 +8,9 @@ kernel against numpy whatever layout a config picks: logical inputs in the op's 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,6 +18,7 @@ import numpy as np
 from compiler.ops.space import Config, ConfigSpace
 from compiler.schedule.schedule import Schedule
 from compiler.te.tensor import PlaceholderOp, Tensor
+from compiler.toolchain import get_target
 
 
 class Template(Protocol):
@@ -91,8 +94,8 @@ class OpTemplate:
         args = self.tensors(shape, config)
         return self.schedule(shape, config, args), list(args)
 
-    def worth_measuring(self, shape: tuple[int, ...], config: Config) -> bool:
-        """Whether `config` is plausible (e.g. its register tile fits the register file).
+    def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
+        """Whether `config` is plausible on `target` (e.g. its register tile fits the registers).
 
         Every config is correct; this only lets a search skip those sure to be slow.
         """
@@ -119,6 +122,32 @@ class OpTemplate:
 
 # zmm registers a register tile's accumulators may take: 32 minus the operands of the FMAs.
 MAX_ACCUMULATORS = 28
+# Registers a micro-kernel keeps for the operands of its FMAs (broadcasts, weight vectors).
+OPERAND_REGISTERS = 4
+
+
+@dataclass(frozen=True)
+class RegisterFile:
+    """The SIMD registers a target's register tiles are sized for."""
+
+    lanes: int  # float32 lanes of one vector register
+    registers: int
+
+    @property
+    def max_accumulators(self) -> int:
+        return self.registers - OPERAND_REGISTERS
+
+
+@functools.cache
+def register_file(target: str = "host") -> RegisterFile:
+    """The vector register file of `target` ("host" or a toolchain target name).
+
+    AVX-512: 32 registers of 16 lanes; AVX2: 16 of 8; NEON: 32 of 4. Templates count a tile's
+    accumulators in these registers, so a tile that fits an AVX-512 core can be rejected as
+    spilling on an AVX2 one.
+    """
+    tgt = get_target(target)
+    return RegisterFile(lanes=max(1, tgt.vector_bytes // 4), registers=tgt.vector_registers)
 
 
 def register_tile_fits(

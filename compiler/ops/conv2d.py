@@ -23,10 +23,10 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate, register_tile_fits
+from compiler.ops.base import OpTemplate, register_file, register_tile_fits
 from compiler.ops.layout import pack_bias, pack_conv_weight, pack_nchwc, pad_spatial, unpack_nchwc
 from compiler.ops.space import Config, ConfigSpace, Knob
-from compiler.ops.util import VECTOR_LANES, ceil_div, channel_blocks, check_workload, tile_choices
+from compiler.ops.util import ceil_div, channel_blocks, check_workload, tile_choices
 from compiler.schedule.schedule import Schedule, Stage, create_schedule
 from compiler.te.tensor import ComputeOp, IterVar, Reduce, Tensor
 
@@ -138,14 +138,16 @@ class Conv2dNCHWcTemplate(OpTemplate):
             ]
         )
 
-    def worth_measuring(self, shape: tuple[int, ...], config: Config) -> bool:
+    def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         geometry = self.geometry(shape)
         oc, ow = geometry[4], geometry[-1]
+        regs = register_file(target)
         rows = int(config["oh_tile"]) if "oh_tile" in config else 1
-        vectors = ceil_div(int(config["oc_block"]), VECTOR_LANES)
-        most = min(ow * rows, 28) * min(ceil_div(oc, VECTOR_LANES), 4)
-        # Measured here: 28-vector conv tiles ran at half the speed of 14-vector ones.
-        return register_tile_fits(int(config["reg_n"]) * rows * vectors, most, CONV_MAX_TILE)
+        vectors = ceil_div(int(config["oc_block"]), regs.lanes)
+        most = min(ow * rows, 28) * min(ceil_div(oc, regs.lanes), 4)
+        # Measured on AVX-512: 28-vector conv tiles ran at half the speed of 14-vector ones.
+        limit = min(CONV_MAX_TILE, regs.max_accumulators)
+        return register_tile_fits(int(config["reg_n"]) * rows * vectors, most, limit)
 
     def blocks(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:
         """(ic_block, oc_block) of `config`, or of the default layout."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate, register_tile_fits
+from compiler.ops.base import OpTemplate, register_file, register_tile_fits
 from compiler.ops.layout import pack_dense_weight
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import VECTOR_LANES, ceil_div, check_workload
@@ -63,11 +63,12 @@ class DenseTemplate(OpTemplate):
             ]
         )
 
-    def worth_measuring(self, shape: tuple[int, ...], config: Config) -> bool:
+    def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         m, n, _ = check_workload(self.name, shape, _FIELDS)
-        vectors = int(config["nr"]) // VECTOR_LANES
-        most = min(m, 12) * min(ceil_div(n, VECTOR_LANES), 4)
-        return register_tile_fits(int(config["mr"]) * vectors, most)
+        regs = register_file(target)
+        vectors = ceil_div(int(config["nr"]), regs.lanes)
+        most = min(m, 12) * min(ceil_div(n, regs.lanes), 4)
+        return register_tile_fits(int(config["mr"]) * vectors, most, regs.max_accumulators)
 
     def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
         m, n, k = check_workload(self.name, shape, _FIELDS)

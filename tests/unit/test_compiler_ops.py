@@ -17,7 +17,13 @@ from compiler.codegen.timing import render_timing
 from compiler.ir import interpreter
 from compiler.lower import lower
 from compiler.ops import layout
-from compiler.ops.base import MAX_ACCUMULATORS, OpTemplate, output_arrays
+from compiler.ops.base import (
+    MAX_ACCUMULATORS,
+    OpTemplate,
+    RegisterFile,
+    output_arrays,
+    register_file,
+)
 from compiler.ops.space import Config
 from compiler.te.tensor import ComputeOp
 
@@ -55,6 +61,7 @@ CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
     "relu": ([(4, 100)], (2, 3)),
     "add_relu": ([(9, 96), (1, 7)], (2, 5)),
 }
+AVX512 = "x86_64-avx512"  # register-budget tests name their target: any host gives the same answer
 CONFIGS_PER_SHAPE = 2
 
 
@@ -238,21 +245,49 @@ def x_of(shape: tuple[int, ...]) -> np.ndarray:
 
 def test_register_budget_prunes_spilling_tiles_but_keeps_some() -> None:
     dense = template("dense")
-    space = dense.config_space((512, 512, 512))
-    kept = [
-        c for c in map(space.get, range(len(space))) if dense.worth_measuring((512, 512, 512), c)
-    ]
+    shape = (512, 512, 512)
+    space = dense.config_space(shape)
+    kept = [c for c in map(space.get, range(len(space))) if dense.worth_measuring(shape, c, AVX512)]
     assert kept and len(kept) < len(space)
     for c in kept:
         assert c["mr"] * c["nr"] // 16 <= MAX_ACCUMULATORS
     spill = space.index_of(
         {"nr": 64, "mr": 12, "m_tiles": 0, "kc": 512, "unroll_k": 1, "order": "panel"}
     )
-    assert not dense.worth_measuring((512, 512, 512), space.get(spill))
+    assert not dense.worth_measuring(shape, space.get(spill), AVX512)
     tiny = (1, 16, 2, 2, 16, 1, 1, 1, 0, 0)  # a 2x2 image has no room for 8 accumulators
     conv = template("conv2d_1x1_nchwc")
     tiny_space = conv.config_space(tiny)
-    assert any(conv.worth_measuring(tiny, tiny_space.get(i)) for i in range(len(tiny_space)))
+    assert any(
+        conv.worth_measuring(tiny, tiny_space.get(i), AVX512) for i in range(len(tiny_space))
+    )
+
+
+def test_register_budget_follows_the_target_register_file() -> None:
+    """A 6x16 tile is 6 zmm (too few to hide FMA latency) but 12 ymm (the AVX2 sweet spot)."""
+    assert register_file(AVX512) == RegisterFile(lanes=16, registers=32)
+    assert register_file("x86_64-avx2") == RegisterFile(lanes=8, registers=16)
+    assert register_file("aarch64-neon") == RegisterFile(lanes=4, registers=32)
+    dense = template("dense")
+    shape = (512, 512, 512)
+    space = dense.config_space(shape)
+    base = {"m_tiles": 0, "kc": 512, "unroll_k": 1, "order": "panel"}
+    six_by_16 = space.get(space.index_of({"nr": 16, "mr": 6, **base}))
+    four_by_64 = space.get(space.index_of({"nr": 64, "mr": 4, **base}))
+    assert dense.worth_measuring(shape, six_by_16, "x86_64-avx2")
+    assert not dense.worth_measuring(shape, six_by_16, AVX512)
+    assert dense.worth_measuring(shape, four_by_64, AVX512)
+    assert not dense.worth_measuring(shape, four_by_64, "x86_64-avx2")  # 32 ymm: spills
+    for c in map(space.get, range(len(space))):
+        if dense.worth_measuring(shape, c, "x86_64-avx2"):
+            assert 8 <= c["mr"] * -(-c["nr"] // 8) <= 12
+    conv = template("conv2d_nchwc")
+    wl = (1, 64, 56, 56, 64, 3, 3, 1, 1, 0)
+    cspace = conv.config_space(wl)
+    for c in map(cspace.get, range(len(cspace))):
+        if conv.worth_measuring(wl, c, "x86_64-avx2"):
+            vectors = c["reg_n"] * c.get("oh_tile", 1) * -(-c["oc_block"] // 8)
+            assert vectors <= 12
 
 
 @pytest.mark.parametrize("shape", [(24, 48, 256), (9, 40, 256)])
