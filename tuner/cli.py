@@ -24,7 +24,7 @@ import numpy as np
 
 from compiler.toolchain import BuildError, get_target
 from protos.auth import SecretsError, TlsFiles
-from tuner import devices_view, peer, records_cli, table
+from tuner import devices_view, models_cli, peer, records_cli, table
 from tuner.builder import LocalBuilder
 from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_security_args(d)
 
     records_cli.add_parser(sub)
+    models_cli.add_parser(sub)
 
     demo = sub.add_parser(
         "demo", help="start a local pool, tune sgemm (dense, packed B), print a table"
@@ -257,12 +258,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             "devices": cmd_devices,
             "demo": cmd_demo,
             "records": records_cli.run,
+            "models": models_cli.run,
         }
         code = commands[args.command](args)
     except UsageError as exc:
         print(f"kiln: {exc}", file=sys.stderr)
         code = 2
-    except (TuningError, RecordStoreError, records_cli.RecordsCliError) as exc:
+    except (
+        TuningError,
+        RecordStoreError,
+        records_cli.RecordsCliError,
+        models_cli.ModelsCliError,
+    ) as exc:
         print(f"kiln: {exc}", file=sys.stderr)
         code = 1
     except Terminated:
