@@ -1,0 +1,387 @@
+"""Converters from ONNX nodes (default domain, opset 13 and later) to graph ops.
+
+Each converter reads `ctx.node` through `ImportContext` and emits graph ops; `CONVERTERS` maps
+an ONNX op type to its converter. This module holds the registry, the layers and the
+elementwise ops; `onnx_ops_shape` adds the shape ops and the nodes evaluated at import. What is
+normalised, so graph ops stay simple:
+- auto_pad becomes explicit (top, left, bottom, right) pads;
+- Gemm with a constant B becomes `dense` (transB and alpha folded into the weight, beta * C into
+  the bias); otherwise `matmul` + `mul` + `add`;
+- Flatten / Squeeze / Unsqueeze / Reshape become `reshape` with a static shape;
+- Shape, Constant, ConstantOfShape and any node whose inputs are all constants are evaluated
+  here; Identity and Dropout (inference) become aliases;
+- axes / pads / split sizes / clip bounds given as inputs (opset 13+) must be constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from compiler.frontend.onnx_context import ImportContext
+from compiler.graph.ir import GraphError
+
+Converter = Callable[[ImportContext], None]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converter(*op_types: str) -> Callable[[Converter], Converter]:
+    """Register the decorated function as the converter of `op_types`."""
+
+    def add(fn: Converter) -> Converter:
+        for t in op_types:
+            CONVERTERS[t] = fn
+        return fn
+
+    return add
+
+
+def to_ints(value: object) -> tuple[int, ...]:
+    """A constant (array or sequence) as a flat tuple of ints."""
+    return tuple(int(v) for v in np.asarray(value).reshape(-1))
+
+
+def onnx_axis(axis: int, rank: int) -> int:
+    """`axis` in [0, rank), accepting negative axes as ONNX does."""
+    if not -rank <= axis < rank:
+        raise GraphError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _only_first_output(ctx: ImportContext, what: str) -> None:
+    extra = [ctx.node.output[i] for i in ctx.used_outputs() if i > 0]
+    if extra:
+        raise GraphError(f"only the first output is supported ({what}); {extra} are used")
+
+
+def _spatial_input(ctx: ImportContext) -> tuple[int, ...]:
+    shape = ctx.input_type(0).shape
+    if len(shape) != 4:
+        raise GraphError(f"only 2-D (NCHW) data is supported, got input shape {list(shape)}")
+    return shape
+
+
+def _resolve_pads(
+    ctx: ImportContext,
+    size: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+) -> tuple[int, ...]:
+    """Explicit (top, left, bottom, right) pads for the node's auto_pad / pads attributes."""
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad == "NOTSET":
+        pads = tuple(ctx.attr("pads", (0, 0, 0, 0)))
+        if len(pads) != 4:
+            raise GraphError(f"pads {list(pads)} must have 4 values for 2-D data")
+        return pads
+    if auto_pad == "VALID":
+        return (0, 0, 0, 0)
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        raise GraphError(f"auto_pad {auto_pad!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    begin, end = [], []
+    for i in range(2):
+        out = -(-size[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + dilations[i] * (kernel[i] - 1) + 1 - size[i])
+        small = total // 2
+        begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+        end.append(total - begin[-1])
+    return (begin[0], begin[1], end[0], end[1])
+
+
+# -- convolutions and dense -----------------------------------------------------------------------
+
+
+@converter("Conv")
+def _conv(ctx: ImportContext) -> None:
+    size = _spatial_input(ctx)[2:]
+    w_shape = ctx.input_type(1).shape
+    kernel = tuple(ctx.attr("kernel_shape", w_shape[2:]))
+    if len(w_shape) != 4 or kernel != tuple(w_shape[2:]):
+        raise GraphError(f"kernel_shape {list(kernel)} disagrees with weight {list(w_shape)}")
+    strides = tuple(ctx.attr("strides", (1, 1)))
+    dilations = tuple(ctx.attr("dilations", (1, 1)))
+    attrs = {
+        "strides": strides,
+        "pads": _resolve_pads(ctx, size, kernel, strides, dilations),
+        "dilations": dilations,
+        "groups": int(ctx.attr("group", 1)),
+    }
+    inputs = [ctx.input(i) for i in range(3) if ctx.has_input(i)]
+    ctx.emit("conv2d", inputs, attrs, bind=True)
+
+
+@converter("ConvTranspose")
+def _conv_transpose(ctx: ImportContext) -> None:
+    size = _spatial_input(ctx)[2:]
+    w_shape = ctx.input_type(1).shape
+    kernel = tuple(ctx.attr("kernel_shape", w_shape[2:]))
+    strides = tuple(ctx.attr("strides", (1, 1)))
+    dilations = tuple(ctx.attr("dilations", (1, 1)))
+    out_pad = tuple(ctx.attr("output_padding", (0, 0)))
+    groups = int(ctx.attr("group", 1))
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    output_shape = ctx.attr("output_shape")
+    if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        output_shape = tuple(size[i] * strides[i] for i in range(2))
+    if output_shape is not None:
+        output_shape = tuple(output_shape)[-2:]
+        begin, end = [], []
+        for i in range(2):
+            total = (
+                strides[i] * (size[i] - 1)
+                + out_pad[i]
+                + dilations[i] * (kernel[i] - 1)
+                + 1
+                - output_shape[i]
+            )
+            if total < 0:
+                raise GraphError(f"output_shape {list(output_shape)} is too large for the input")
+            small = total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        pads = (begin[0], begin[1], end[0], end[1])
+    elif auto_pad == "VALID":
+        pads = (0, 0, 0, 0)
+    else:
+        pads = tuple(ctx.attr("pads", (0, 0, 0, 0)))
+    attrs = {
+        "strides": strides,
+        "pads": pads,
+        "dilations": dilations,
+        "groups": groups,
+        "output_padding": out_pad,
+    }
+    inputs = [ctx.input(i) for i in range(3) if ctx.has_input(i)]
+    ctx.emit("conv_transpose2d", inputs, attrs, bind=True)
+
+
+@converter("Gemm")
+def _gemm(ctx: ImportContext) -> None:
+    alpha = float(ctx.attr("alpha", 1.0))
+    beta = float(ctx.attr("beta", 1.0))
+    a = ctx.input(0)
+    if int(ctx.attr("transA", 0)):
+        (a,) = ctx.emit("transpose", [a], {"perm": (1, 0)})
+    b = ctx.input(1)
+    dtype = ctx.type_of(b).dtype
+    trans_b = bool(int(ctx.attr("transB", 0)))
+    c = ctx.input(2) if ctx.has_input(2) else None
+    if b in ctx.consts:
+        w = ctx.consts[b].T if trans_b else ctx.consts[b]
+        weight = ctx.constant(np.ascontiguousarray((w * alpha).astype(dtype)), "weight")
+        n = ctx.consts[weight].shape[1]
+        if c is not None and c in ctx.consts:
+            bias = ctx.consts[c] * beta
+            if bias.size == 1 or bias.shape in ((n,), (1, n)):
+                bias_name = ctx.constant(np.broadcast_to(bias.reshape(-1), (n,)).astype(dtype))
+                (y,) = ctx.emit("dense", [a, weight, bias_name])
+                ctx.bind(0, y)
+                return
+        (y,) = ctx.emit("dense", [a, weight])
+    else:
+        if trans_b:
+            (b,) = ctx.emit("transpose", [b], {"perm": (1, 0)})
+        (y,) = ctx.emit("matmul", [a, b])
+        if alpha != 1.0:
+            (y,) = ctx.emit("mul", [y, ctx.constant(np.asarray(alpha, dtype))])
+    if c is not None:
+        if beta != 1.0:
+            (c,) = ctx.emit("mul", [c, ctx.constant(np.asarray(beta, dtype))])
+        (y,) = ctx.emit("add", [y, c])
+    ctx.bind(0, y)
+
+
+@converter("MatMul")
+def _matmul(ctx: ImportContext) -> None:
+    ctx.emit("matmul", [ctx.input(0), ctx.input(1)], bind=True)
+
+
+# -- normalization, pooling, softmax --------------------------------------------------------------
+
+
+@converter("BatchNormalization")
+def _batch_norm(ctx: ImportContext) -> None:
+    if int(ctx.attr("training_mode", 0)):
+        raise GraphError("training_mode=1 is not supported (inference only)")
+    _only_first_output(ctx, "inference batch norm")
+    inputs = [ctx.input(i) for i in range(5)]
+    ctx.emit("batch_norm", inputs, {"epsilon": float(ctx.attr("epsilon", 1e-5))}, bind=True)
+
+
+@converter("LayerNormalization")
+def _layer_norm(ctx: ImportContext) -> None:
+    _only_first_output(ctx, "Y; Mean and InvStdDev are not")
+    x, scale = ctx.input(0), ctx.input(1)
+    if ctx.has_input(2):
+        bias = ctx.input(2)
+    else:
+        t = ctx.type_of(scale)
+        bias = ctx.constant(np.zeros(t.shape, t.dtype), "bias")
+    rank = len(ctx.type_of(x).shape)
+    attrs = {
+        "axis": onnx_axis(int(ctx.attr("axis", -1)), rank),
+        "epsilon": float(ctx.attr("epsilon", 1e-5)),
+    }
+    ctx.emit("layer_norm", [x, scale, bias], attrs, bind=True)
+
+
+def _pool(ctx: ImportContext, op: str) -> None:
+    _only_first_output(ctx, "pool values; Indices are not")
+    size = _spatial_input(ctx)[2:]
+    kernel = tuple(ctx.attr("kernel_shape", ()))
+    if len(kernel) != 2:
+        raise GraphError(f"kernel_shape {list(kernel)} must have 2 values")
+    strides = tuple(ctx.attr("strides", (1, 1)))
+    dilations = tuple(ctx.attr("dilations", (1, 1)))
+    attrs = {
+        "kernel": kernel,
+        "strides": strides,
+        "pads": _resolve_pads(ctx, size, kernel, strides, dilations),
+        "dilations": dilations,
+        "ceil_mode": bool(int(ctx.attr("ceil_mode", 0))),
+    }
+    if op == "avg_pool2d":
+        attrs["count_include_pad"] = bool(int(ctx.attr("count_include_pad", 0)))
+    ctx.emit(op, [ctx.input(0)], attrs, bind=True)
+
+
+@converter("MaxPool")
+def _max_pool(ctx: ImportContext) -> None:
+    if int(ctx.attr("storage_order", 0)):
+        raise GraphError("storage_order=1 is not supported")
+    _pool(ctx, "max_pool2d")
+
+
+@converter("AveragePool")
+def _avg_pool(ctx: ImportContext) -> None:
+    _pool(ctx, "avg_pool2d")
+
+
+@converter("GlobalAveragePool")
+def _global_avg_pool(ctx: ImportContext) -> None:
+    _spatial_input(ctx)
+    ctx.emit("global_avg_pool2d", [ctx.input(0)], bind=True)
+
+
+@converter("Softmax")
+def _softmax(ctx: ImportContext) -> None:
+    rank = len(ctx.input_type(0).shape)
+    axis = onnx_axis(int(ctx.attr("axis", -1)), rank)
+    ctx.emit("softmax", [ctx.input(0)], {"axis": axis}, bind=True)
+
+
+# -- elementwise ----------------------------------------------------------------------------------
+
+_UNARY = {
+    "Relu": "relu",
+    "Sigmoid": "sigmoid",
+    "Tanh": "tanh",
+    "Erf": "erf",
+    "Sqrt": "sqrt",
+    "Exp": "exp",
+    "Neg": "neg",
+    "HardSwish": "hard_swish",
+}
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
+
+
+@converter(*_UNARY)
+def _unary(ctx: ImportContext) -> None:
+    ctx.emit(_UNARY[ctx.node.op_type], [ctx.input(0)], bind=True)
+
+
+@converter(*_BINARY)
+def _binary(ctx: ImportContext) -> None:
+    ctx.emit(_BINARY[ctx.node.op_type], [ctx.input(0), ctx.input(1)], bind=True)
+
+
+@converter("Clip")
+def _clip(ctx: ImportContext) -> None:
+    bounds: dict[str, float | int | None] = {}
+    for i, key in ((1, "min"), (2, "max")):
+        value = ctx.const_input(i, key)
+        if value is not None and value.size != 1:
+            raise GraphError(f"{key} must be a scalar, got shape {list(value.shape)}")
+        bounds[key] = None if value is None else value.reshape(()).item()
+    ctx.emit("clip", [ctx.input(0)], bounds, bind=True)
+
+
+@converter("Cast")
+def _cast(ctx: ImportContext) -> None:
+    to = int(ctx.attr("to"))
+    try:
+        dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(to)))
+    except (KeyError, TypeError, ValueError):
+        raise GraphError(f"cast to ONNX type {to} is not supported") from None
+    if to in (TensorProto.STRING, TensorProto.BFLOAT16) or dtype.startswith(("|", "<U", "object")):
+        raise GraphError(f"cast to {TensorProto.DataType.Name(to)} is not supported")
+    ctx.emit("cast", [ctx.input(0)], {"dtype": dtype}, bind=True)
+
+
+# -- beyond the issue's list ----------------------------------------------------------------------
+
+_PARAM_UNARY: dict[str, tuple[str, dict[str, object]]] = {
+    "Abs": ("abs", {}),
+    "Reciprocal": ("reciprocal", {}),
+    "LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
+    "HardSigmoid": ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
+    "Gelu": ("gelu", {"approximate": "none"}),
+}
+_COMPARE = {"Equal": "equal", "Less": "less", "Greater": "greater"}
+
+
+@converter(*_PARAM_UNARY)
+def _param_unary(ctx: ImportContext) -> None:
+    op, defaults = _PARAM_UNARY[ctx.node.op_type]
+    attrs = {k: ctx.attr(k, v) for k, v in defaults.items()}
+    ctx.emit(op, [ctx.input(0)], attrs, bind=True)
+
+
+@converter(*_COMPARE)
+def _compare(ctx: ImportContext) -> None:
+    ctx.emit(_COMPARE[ctx.node.op_type], [ctx.input(0), ctx.input(1)], bind=True)
+
+
+@converter("Max", "Min")
+def _variadic_min_max(ctx: ImportContext) -> None:
+    op = "maximum" if ctx.node.op_type == "Max" else "minimum"
+    value = ctx.input(0)
+    for i in range(1, len(ctx.node.input)):
+        (value,) = ctx.emit(op, [value, ctx.input(i)])
+    ctx.bind(0, value)
+
+
+@converter("Where")
+def _where(ctx: ImportContext) -> None:
+    ctx.emit("where", [ctx.input(i) for i in range(3)], bind=True)
+
+
+@converter("Expand")
+def _expand(ctx: ImportContext) -> None:
+    shape = ctx.const_input(1, "shape")
+    if shape is None:
+        raise GraphError("the shape input is required")
+    ctx.emit("expand", [ctx.input(0)], {"shape": to_ints(shape)}, bind=True)
+
+
+@converter("GlobalMaxPool")
+def _global_max_pool(ctx: ImportContext) -> None:
+    _spatial_input(ctx)
+    ctx.emit("reduce_max", [ctx.input(0)], {"axes": (2, 3), "keepdims": True}, bind=True)
+
+
+@converter("Range")
+def _range(ctx: ImportContext) -> None:
+    start, limit, delta = (
+        ctx.const_input(i, what) for i, what in enumerate(("start", "limit", "delta"))
+    )
+    if start is None or limit is None or delta is None:
+        raise GraphError("start, limit and delta are required")
+    if delta.reshape(()).item() == 0:
+        raise GraphError("delta must not be 0")
+    first, stop, step = (float(v.reshape(())) for v in (start, limit, delta))
+    value = np.arange(first, stop, step).astype(start.dtype)
+    ctx.bind(0, ctx.constant(value, "range"))
