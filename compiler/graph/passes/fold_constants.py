@@ -1,0 +1,53 @@
+"""Constant folding with the registry's numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.graph.ir import Graph, GraphError
+from compiler.graph.passes.rewrite import finish, node_label
+from compiler.graph.registry import get_op
+
+DEFAULT_MAX_BYTES = (
+    16 << 20
+)  # a folded value this big is likely a broadcast better done at run time
+
+
+def fold_constants(graph: Graph, max_bytes: int = DEFAULT_MAX_BYTES) -> Graph:
+    """A copy of `graph` where every node computable at compile time is a constant.
+
+    Guarantees: a node whose inputs are all constants (including constants it folded earlier in
+    this pass) is evaluated with its op's numpy reference, and its outputs become constants with
+    the same names and types; a node any of whose results would exceed `max_bytes` is kept as it
+    is. Constants nothing reads any more are dropped. `graph` itself is not modified.
+
+    Raises:
+        GraphError: a reference returned a value whose shape disagrees with the node's type.
+    """
+    g = graph.copy()
+    kept = []
+    for node in g.nodes:
+        foldable = all(v in g.constants for v in node.inputs) and all(
+            g.type_of(v).nbytes <= max_bytes for v in node.outputs
+        )
+        if not foldable:
+            kept.append(node)
+            continue
+        args = [g.constants[v] for v in node.inputs]
+        results = get_op(node.op).reference(args, node.attrs)
+        if len(results) != len(node.outputs):
+            raise GraphError(
+                f"fold_constants: {node_label(node)} ({node.op}) gave {len(results)} results "
+                f"for {len(node.outputs)} outputs"
+            )
+        for name, value in zip(node.outputs, results, strict=True):
+            want = g.type_of(name)
+            value = np.asarray(value)
+            if tuple(value.shape) != want.shape:
+                raise GraphError(
+                    f"fold_constants: {node_label(node)} ({node.op}) output {name!r} came out "
+                    f"{list(value.shape)}, typed {want}"
+                )
+            g.constants[name] = np.ascontiguousarray(value.astype(want.dtype, copy=False))
+    g.nodes = kept
+    return finish(g)

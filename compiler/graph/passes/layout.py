@@ -1,0 +1,271 @@
+"""Layout transformation: NCHW convolutions and what follows them run in NCHW[x]c.
+
+`to_nchwc` rewrites every conv2d with constant weights (groups 1 or depthwise) to
+`conv2d_nchwc`, with its weights (and bias) packed into new constants at compile time. Data stays
+blocked between layout-aware ops: elementwise ops, broadcasting binary ops with a per-channel
+(or scalar) constant (the constant is re-laid out at compile time) or another blocked value of
+the same channels, and pools. `layout_transform` nodes appear only at the boundaries: where a
+graph input enters a convolution, where blocked data reaches an op that stays NCHW or a graph
+output, and between two block sizes. Every value's NCHW form keeps its original name, so graph
+inputs and outputs keep theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from compiler.graph.ir import Graph, GraphError, Node
+from compiler.graph.ops import conv2d_template
+from compiler.graph.ops_layout import NCHW, blocked, convert, layout_block
+from compiler.graph.passes.rewrite import apply_renames, finish, node_label
+from compiler.graph.registry import get_op
+from compiler.ops.layout import pack_bias, pack_conv_weight, pack_depthwise_weight
+from compiler.ops.util import VECTOR_LANES
+
+BlockFn = Callable[[int], int]
+
+ELEMENTWISE = frozenset(
+    {"relu", "sigmoid", "tanh", "erf", "sqrt", "exp", "neg", "hard_swish", "identity", "clip"}
+    | {"cast"}
+)
+BROADCASTING = frozenset({"add", "sub", "mul", "div", "pow"})
+POOLS = {p: f"{p}_nchwc" for p in ("max_pool2d", "avg_pool2d", "global_avg_pool2d")}
+
+
+def default_block(channels: int) -> int:
+    """The largest divisor of `channels` up to one vector of float32 lanes (16)."""
+    return max(d for d in range(1, min(channels, VECTOR_LANES) + 1) if channels % d == 0)
+
+
+class _Rewriter:
+    """Builds the NCHW[x]c graph, tracking each original value's forms in the new graph."""
+
+    def __init__(self, src: Graph, block: BlockFn) -> None:
+        self.src = src
+        self.block = block
+        self.g = Graph(src.name)
+        self.home: dict[str, str] = {}  # the layout each original value is produced in
+        self.forms: dict[str, dict[str, str]] = {}  # original value -> layout -> new name
+        self.packed: dict[tuple[str, str, int, int], str] = {}
+        for v in src.inputs:
+            self.g.add_input(v, src.type_of(v).shape, src.type_of(v).dtype)
+            self._define(v, NCHW, v)
+        for v, arr in src.constants.items():
+            self.g.add_constant(v, arr)
+            self._define(v, NCHW, v)
+
+    def _define(self, original: str, layout: str, name: str) -> None:
+        self.home.setdefault(original, layout)
+        self.forms.setdefault(original, {})[layout] = name
+
+    def fresh(self, hint: str) -> str:
+        while True:
+            name = self.g.fresh_name(hint)
+            if name not in self.src.types:
+                return name
+
+    def channel_block(self, channels: int, what: str) -> int:
+        b = int(self.block(channels))
+        if b < 1 or channels % b:
+            raise GraphError(f"to_nchwc: block {b} for {channels} channels ({what}) must divide")
+        return b
+
+    def value_in(self, v: str, layout: str) -> str:
+        """The name of original value `v` in `layout`, adding a transform on first request."""
+        forms = self.forms[v]
+        if layout in forms:
+            return forms[layout]
+        src_layout = self.home[v]
+        src_name = forms[src_layout]
+        name = v if layout == NCHW else self.fresh(f"{v}_{layout.lower()}")
+        if src_name in self.g.constants:
+            self.g.add_constant(name, convert(self.g.constants[src_name], src_layout, layout))
+        else:
+            (t,) = get_op("layout_transform").infer(
+                [self.g.type_of(src_name)], {"src_layout": src_layout, "dst_layout": layout}
+            )
+            self.g.add_node(
+                "layout_transform",
+                [src_name],
+                [t],
+                {"src_layout": src_layout, "dst_layout": layout},
+                output_names=[name],
+            )
+        forms[layout] = name
+        return name
+
+    def blocked_home(self, v: str) -> int:
+        return layout_block(self.home[v])
+
+    # -- per node -------------------------------------------------------------------------------
+
+    def visit(self, node: Node) -> None:
+        if node.op == "conv2d" and self.conv(node):
+            return
+        if node.op in POOLS and self.blocked_home(node.inputs[0]):
+            self.carry_unary(node, POOLS[node.op])
+            return
+        if node.op in ELEMENTWISE and len(node.inputs) == 1 and self.blocked_home(node.inputs[0]):
+            self.carry_unary(node, node.op)
+            return
+        if node.op in BROADCASTING and self.broadcast(node):
+            return
+        inputs = [self.value_in(v, NCHW) for v in node.inputs]
+        types = [self.src.type_of(v) for v in node.outputs]
+        self.g.add_node(node.op, inputs, types, node.attrs, node.name, output_names=node.outputs)
+        for v in node.outputs:
+            self._define(v, NCHW, v)
+
+    def carry_unary(self, node: Node, op: str) -> None:
+        """Emit `op` on the blocked form its one input was produced in."""
+        x = node.inputs[0]
+        self.carry(node, op, [self.forms[x][self.home[x]]], self.home[x])
+
+    def carry(
+        self, node: Node, op: str, inputs: list[str], layout: str, attrs: dict | None = None
+    ) -> None:
+        """Emit `op` on already-converted `inputs`; its one output is produced in `layout`."""
+        attrs = dict(node.attrs) if attrs is None else attrs
+        types = get_op(op).infer([self.g.type_of(v) for v in inputs], attrs)
+        (y,) = node.outputs
+        name = self.fresh(f"{y}_{layout.lower()}")
+        self.g.add_node(op, inputs, types, attrs, node.name, output_names=[name])
+        self._define(y, layout, name)
+
+    def conv(self, node: Node) -> bool:
+        src = self.src
+        x, w = node.inputs[0], node.inputs[1]
+        xt, wt = src.type_of(x), src.type_of(w)
+        if len(xt.shape) != 4 or not all(v in src.constants for v in node.inputs[1:]):
+            return False
+        template = conv2d_template(xt, wt, node.attrs)
+        groups = int(node.attrs.get("groups", 1))
+        oc, ic = wt.shape[0], xt.shape[1]
+        if template == "depthwise_conv2d_nchwc":
+            icb = ocb = self.channel_block(ic, f"depthwise {node_label(node)}")
+        elif groups == 1:
+            stem = template == "conv2d_stem_nchwc"
+            icb = ic if stem else self.channel_block(ic, f"input of {node_label(node)}")
+            ocb = self.channel_block(oc, f"output of {node_label(node)}")
+        else:
+            return False  # grouped, not depthwise: stays NCHW
+        inputs = [self.value_in(x, blocked(icb)), self.pack(w, "weight", icb, ocb, groups)]
+        if len(node.inputs) > 2:
+            inputs.append(self.pack(node.inputs[2], "bias", icb, ocb, groups))
+        attrs = {**node.attrs, "groups": groups, "ic_block": icb, "oc_block": ocb}
+        attrs["template"] = template
+        self.carry(node, "conv2d_nchwc", inputs, blocked(ocb), attrs)
+        return True
+
+    def pack(self, const: str, role: str, icb: int, ocb: int, groups: int) -> str:
+        key = (const, role, icb, ocb if groups == 1 else -ocb)
+        if key not in self.packed:
+            arr = self.src.constants[const]
+            if role == "bias":
+                packed = pack_bias(arr, ocb)
+            elif groups == 1:
+                packed = pack_conv_weight(arr, icb, ocb)
+            else:
+                packed = pack_depthwise_weight(arr, ocb)
+            self.packed[key] = self.g.add_constant(self.fresh(f"{const}_packed"), packed)
+        return self.packed[key]
+
+    def broadcast(self, node: Node) -> bool:
+        """Emit a binary op in NCHW[x]c if one input is blocked and the other can follow."""
+        src = self.src
+        (y,) = node.outputs
+        out = src.type_of(y)
+        layout = next(
+            (self.home[v] for v in node.inputs if self.blocked_home(v) and v not in src.constants),
+            None,
+        )
+        if layout is None or len(out.shape) != 4:
+            return False
+        b, channels = layout_block(layout), out.shape[1]
+        inputs = []
+        for v in node.inputs:
+            t = src.type_of(v)
+            if v in src.constants:
+                packed = _relayout_constant(src.constants[v], channels, b)
+                if packed is None:
+                    return False
+                if packed.ndim:  # a scalar broadcasts the same in any layout: used as it is
+                    v = self.g.add_constant(self.fresh(f"{v}_{layout.lower()}"), packed)
+                inputs.append(v)
+            elif len(t.shape) == 4 and t.shape[1] == channels:
+                inputs.append(self.value_in(v, layout))
+            else:
+                return False
+        self.carry(node, node.op, inputs, layout)
+        return True
+
+
+def _relayout_constant(value: np.ndarray, channels: int, block: int) -> np.ndarray | None:
+    """A constant broadcasting over NCHW data, laid out to broadcast the same over NCHW[x]c."""
+    if value.ndim == 0:
+        return value
+    if value.ndim > 4:
+        return None
+    n, c, h, w = (1,) * (4 - value.ndim) + value.shape
+    four = value.reshape(n, c, h, w)
+    if c == 1:
+        return four.reshape(n, 1, h, w, 1)
+    if c != channels:
+        return None
+    return np.ascontiguousarray(four.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def to_nchwc(graph: Graph, block: BlockFn = default_block) -> Graph:
+    """A new graph computing `graph`'s outputs with convolutions in NCHW[x]c.
+
+    `block(channels)` picks the channel block of every blocked value (it must divide channels);
+    a stem convolution (few input channels) takes all its input channels in one block.
+
+    Guarantees: the same inputs and outputs (names, types, values up to float rounding);
+    transforms only at boundaries (see the module docstring), each value converted at most once
+    per layout; constants never need a transform (they are converted at compile time); the
+    NCHW weights are dropped once nothing reads them. `graph` itself is not modified.
+    """
+    rw = _Rewriter(graph, block)
+    for node in graph.nodes:
+        rw.visit(node)
+    rw.g.outputs = [rw.value_in(v, NCHW) for v in graph.outputs]
+    return cancel_layout_transforms(finish(rw.g))
+
+
+def cancel_layout_transforms(graph: Graph) -> Graph:
+    """A copy of `graph` where transforms of transforms are shortened.
+
+    Guarantees: a layout_transform reading another's output reads that one's input instead (its
+    source layout adjusted); a transform back to the layout its input started in, and a transform
+    to the same layout, disappear (readers read the original value; a graph output so replaced
+    takes the original's name); transforms nothing reads any more are dropped.
+    """
+    g = graph.copy()
+    renames: dict[str, str] = {}
+    made: dict[str, Node] = {}
+    kept: list[Node] = []
+    for node in g.nodes:
+        node.inputs = [renames.get(v, v) for v in node.inputs]
+        if node.op == "layout_transform":
+            first = made.get(node.inputs[0])
+            if first is not None:
+                node.inputs = [first.inputs[0]]
+                node.attrs = {**node.attrs, "src_layout": first.attrs["src_layout"]}
+            if node.attrs["src_layout"] == node.attrs["dst_layout"]:
+                renames[node.outputs[0]] = node.inputs[0]
+                continue
+            made[node.outputs[0]] = node
+        kept.append(node)
+    g.nodes = kept
+    apply_renames(g, renames)
+    live = set(g.outputs)
+    needed: list[Node] = []
+    for n in reversed(g.nodes):
+        if n.op != "layout_transform" or any(v in live for v in n.outputs):
+            needed.append(n)
+            live.update(n.inputs)
+    g.nodes = needed[::-1]
+    return finish(g)
