@@ -1,0 +1,286 @@
+"""Build a whole model into one shared object: its kernels plus an ahead-of-time C entry.
+
+`build_model(graph)` runs the inference pass pipeline, fuses, lowers every group to kernel
+steps (`model_kernels`), plans one workspace over the steps (pad buffers and anchor outputs
+included), and compiles one translation unit holding every kernel and
+
+    int32_t kiln_model_run(void **inputs, void **outputs, void *workspace, void **params);
+
+which calls the kernels in order, each with pointers to graph inputs (`inputs[i]`, in
+`graph.inputs` order), graph outputs (`outputs[i]`), constants (`params[i]`, in
+`ModelArtifact.params` order, weights already packed for their configs) and intermediate buffers
+(`workspace + offset`). It returns 0, or the first nonzero code a kernel returned. The caller
+owns every buffer: `workspace_bytes` bytes, 64-byte aligned. Bool values are C ints (int32).
+The compiler never runs the artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compiler.artifact import ArgSpec, Artifact, Entry
+from compiler.build import build_source_many
+from compiler.codegen.timing import timing_symbol
+from compiler.graph import passes as P
+from compiler.graph.ir import Graph, GraphError
+from compiler.graph.model_kernels import Configs, Step, lower_model, steps_graph
+from compiler.graph.passes.memory_plan import MemoryPlan
+from compiler.graph.tasks import TaskSpec, extract_tasks
+from compiler.te.tensor import PlaceholderOp
+from compiler.toolchain import compile_shared, get_target
+
+ENTRY = "kiln_model_run"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output of the model: name, shape and dtype (bool is passed as int32)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """A compiled model: the shared object, its params in entry order, its I/O and workspace."""
+
+    artifact: Artifact
+    params: list[np.ndarray]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    workspace_bytes: int
+    tasks: tuple[TaskSpec, ...]
+    summary: str
+    entry: str = ENTRY
+
+    def save(self, path: str | Path) -> Path:
+        """Write `model.so`, `params.npz` and `model.json` into directory `path`."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.so").write_bytes(self.artifact.data)
+        np.savez(out / "params.npz", *self.params)
+        meta = {
+            "entry": self.entry,
+            "target": self.artifact.target,
+            "sha256": self.artifact.sha256,
+            "workspace_bytes": self.workspace_bytes,
+            "inputs": [_spec_json(s) for s in self.inputs],
+            "outputs": [_spec_json(s) for s in self.outputs],
+            "kernels": [
+                {
+                    "symbol": e.symbol,
+                    "flop": e.flop,
+                    "args": [[a.name, list(a.shape), a.dtype, a.role] for a in e.args],
+                }
+                for e in self.artifact.entries
+            ],
+            "tasks": [
+                {
+                    "template": t.template,
+                    "workload": list(t.workload),
+                    "weight": t.weight,
+                    "anchor_op": t.anchor_op,
+                    "note": t.note,
+                    "groups": list(t.groups),
+                }
+                for t in self.tasks
+            ],
+            "summary": self.summary,
+        }
+        (out / "model.json").write_text(json.dumps(meta, indent=1))
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelArtifact:
+        """The model `save` wrote into directory `path`."""
+        src = Path(path)
+        meta = json.loads((src / "model.json").read_text())
+        with np.load(src / "params.npz") as npz:
+            params = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+        entries = tuple(
+            Entry(
+                k["symbol"],
+                timing_symbol(k["symbol"]),
+                tuple(ArgSpec(a[0], tuple(a[1]), a[2], a[3]) for a in k["args"]),
+                float(k["flop"]),
+            )
+            for k in meta["kernels"]
+        )
+        data = (src / "model.so").read_bytes()
+        artifact = Artifact(
+            data, meta["sha256"], "shared_object", meta["target"], entries, meta["workspace_bytes"]
+        )
+        tasks = tuple(
+            TaskSpec(
+                t["template"],
+                tuple(t["workload"]),
+                t["weight"],
+                t["anchor_op"],
+                t["note"],
+                tuple(t["groups"]),
+            )
+            for t in meta["tasks"]
+        )
+        return cls(
+            artifact,
+            params,
+            tuple(_spec_of(s) for s in meta["inputs"]),
+            tuple(_spec_of(s) for s in meta["outputs"]),
+            int(meta["workspace_bytes"]),
+            tasks,
+            meta["summary"],
+            meta["entry"],
+        )
+
+
+def _spec_json(s: TensorSpec) -> list:
+    return [s.name, list(s.shape), s.dtype]
+
+
+def _spec_of(v: list) -> TensorSpec:
+    return TensorSpec(v[0], tuple(v[1]), v[2])
+
+
+def optimize(graph: Graph) -> Graph:
+    """The inference pass pipeline up to the NCHW[x]c layout."""
+    g = P.fold_scale_into_conv(P.fold_batch_norm(graph))
+    g = P.fold_constants(P.eliminate_dead_code(P.eliminate_common_subexpressions(g)))
+    return P.to_nchwc(g)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything `build_model` compiles: steps, their values, the workspace, params, tasks."""
+
+    graph: Graph
+    fusion: P.FusionPlan
+    steps: list[Step]
+    values: Graph
+    memory: MemoryPlan
+    params: list[str]
+    tasks: list[TaskSpec]
+
+
+def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host") -> ModelPlan:
+    """Optimize, fuse, lower to kernel steps and plan the workspace of `graph` (no compiling)."""
+    optimized = optimize(graph)
+    fusion = P.fuse(optimized)
+    steps, values = lower_model(fusion, configs, target)
+    kernels = steps_graph(optimized, values, steps)
+    memory = P.plan_memory(kernels)
+    memory.check()
+    for v in optimized.outputs:
+        if v in optimized.inputs or v in optimized.constants:
+            raise GraphError(
+                f"graph output {v!r} is a graph input or constant: no kernel writes it"
+            )
+    if len(set(optimized.outputs)) != len(optimized.outputs):
+        raise GraphError(f"graph outputs repeat: {optimized.outputs}")
+    params = list(kernels.constants)
+    return ModelPlan(optimized, fusion, steps, values, memory, params, extract_tasks(fusion))
+
+
+def _arg_pointer(plan: ModelPlan, value: str) -> str:
+    g = plan.graph
+    if value in g.inputs:
+        return f"inputs[{g.inputs.index(value)}]"
+    if value in g.outputs:
+        return f"outputs[{g.outputs.index(value)}]"
+    if value in plan.values.constants:
+        return f"params[{plan.params.index(value)}]"
+    return f"(void *)(ws + {plan.memory.offset(value)})"
+
+
+def entry_source(plan: ModelPlan) -> str:
+    """The C text of `kiln_model_run` calling every step's kernel in order."""
+    lines = [
+        f"int32_t {ENTRY}(void **inputs, void **outputs, void *workspace, void **params) {{",
+        "  char *ws = (char *)workspace;",
+        "  int32_t rc;",
+        "  (void)ws; (void)inputs; (void)params;",
+    ]
+    for step in plan.steps:
+        pointers = ", ".join(_arg_pointer(plan, v) for v in (*step.reads, *step.writes))
+        lines += [
+            f"  {{ /* group {step.group} {step.role} */",
+            f"    void *a[] = {{{pointers}}};",
+            f"    if ((rc = {step.kernel.symbol}(a)) != 0) return rc;",
+            "  }",
+        ]
+    lines += ["  return 0;", "}", ""]
+    return "\n".join(lines)
+
+
+def _summary(plan: ModelPlan) -> str:
+    mem = plan.memory
+    group_plan = P.plan_memory(plan.fusion)
+    tuned = sum(t.weight for t in plan.tasks if t.template)
+    return (
+        f"model {plan.graph.name}: {len(plan.steps)} kernels for {len(plan.fusion.groups)} groups; "
+        f"{len(plan.tasks)} tasks ({tuned} anchors with templates); {len(plan.params)} params; "
+        f"workspace {mem.total} bytes (lower bound {mem.lower_bound}; groups alone "
+        f"{group_plan.total})"
+    )
+
+
+def _as_param(value: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(value.astype(np.int32) if value.dtype == bool else value)
+
+
+def build_model(
+    graph: Graph, configs: Configs | None = None, target: str = "host"
+) -> ModelArtifact:
+    """Compile `graph` into one shared object with the `kiln_model_run` entry (see module doc).
+
+    `configs` maps (template, workload) to a Config; anchors without one take the first config
+    worth measuring that keeps the graph's channel blocks.
+
+    Raises:
+        GraphError: an op has no kernel (naming the group and op), or a config does not fit.
+        CompilerError: lowering, code generation or the C compiler failed.
+    """
+    plan = plan_model(graph, configs, target)
+    tgt = get_target(target)
+    kernels = [s.kernel for s in plan.steps]
+    source = build_source_many(kernels, tgt) + "\n" + entry_source(plan)
+    shared = compile_shared(source, tgt)
+    entries = tuple(
+        Entry(
+            k.symbol,
+            timing_symbol(k.symbol),
+            tuple(
+                ArgSpec(
+                    t.name,
+                    t.shape,
+                    t.dtype,
+                    "input" if isinstance(t.op, PlaceholderOp) else "output",
+                )
+                for t in k.args
+            ),
+            float(k.flop),
+        )
+        for k in kernels
+    )
+    digest = hashlib.sha256(shared.data).hexdigest()
+    artifact = Artifact(shared.data, digest, "shared_object", tgt.name, entries, plan.memory.total)
+    g = plan.graph
+    return ModelArtifact(
+        artifact,
+        [_as_param(plan.values.constants[v]) for v in plan.params],
+        _specs(g, g.inputs),
+        _specs(g, g.outputs),
+        plan.memory.total,
+        tuple(plan.tasks),
+        _summary(plan),
+    )
+
+
+def _specs(g: Graph, names: Sequence[str]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(v, g.type_of(v).shape, g.type_of(v).dtype) for v in names)
