@@ -4,9 +4,11 @@ Ask/tell, like `RandomSearch`. Until `min_ok` results succeeded, configs come at
 transfer model's top picks); then the cost model is fitted on every result told so far, a plan
 of the `plan_size` best-scored configs never proposed is made (every unmeasured config scored
 when the space is small, parallel simulated annealing otherwise), and the plan is handed out in
-order with an `epsilon` share of random picks. The model is refitted only when the plan is used
-up or `plan_size` new results came in since the last fit. No config is proposed twice,
-including those only told (a resumed run) or excluded.
+order with an `epsilon` share of random picks. The model is refitted when the plan is used up
+or `refit_every` new results came in since the last fit: by default every 8 results (a batch)
+in small spaces, where a fit plus scoring every config costs tens of milliseconds, and every
+`plan_size` results in large ones, where each plan costs an annealing run. No config is proposed
+twice, including those only told (a resumed run) or excluded.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ _LOG = logging.getLogger(__name__)
 
 # Below this many configs every unmeasured config is scored: cheaper and better than SA.
 EXHAUSTIVE_LIMIT = 20_000
+# Results between refits in small spaces (one batch): refitting there is cheap.
+SMALL_SPACE_REFIT = 8
 # Random draws tried for one random pick in a large space before giving up.
 _RANDOM_TRIES = 2_000
 
@@ -51,6 +55,8 @@ class ModelSearcher:
         transfer_sample: candidates the transfer model scores.
         n_chains: annealing chains (large spaces).
         sa_steps: most annealing steps per plan.
+        refit_every: new results after which the model is refitted (default: 8 in spaces
+            scored exhaustively, `plan_size` in annealed ones).
     """
 
     def __init__(
@@ -67,13 +73,14 @@ class ModelSearcher:
         transfer_sample: int = 256,
         n_chains: int = 256,
         sa_steps: int = 500,
+        refit_every: int | None = None,
     ) -> None:
         if len(space) < 1:
             raise ValueError("the config space is empty")
         if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"epsilon must lie in [0, 1], got {epsilon}")
-        if plan_size < 1 or min_ok < 1:
-            raise ValueError("plan_size and min_ok must be at least 1")
+        if plan_size < 1 or min_ok < 1 or (refit_every is not None and refit_every < 1):
+            raise ValueError("plan_size, min_ok and refit_every must be at least 1")
         self.space = space
         self.flop = flop
         self.epsilon = epsilon
@@ -92,6 +99,7 @@ class ModelSearcher:
         self._fitted_at = -1  # results count at the last fit
         self._valid_cache: dict[int, bool] = {}
         self._small = len(space) <= EXHAUSTIVE_LIMIT
+        self.refit_every = refit_every or (SMALL_SPACE_REFIT if self._small else plan_size)
         self._order: np.ndarray | None = None  # small spaces: every valid index, shuffled
         self._cursor = 0
         self.model_seconds = 0.0  # fit + plan (SA or exhaustive scoring) + transfer scoring
@@ -170,10 +178,13 @@ class ModelSearcher:
             idx = self._random()
             if idx is not None:
                 return idx
-        if len(self._results) - self._fitted_at >= self.plan_size or not self._live_plan():
+        if self._refit_due() or not self._live_plan():
             self._replan()
         idx = self._pop(self._plan)
         return idx if idx is not None else self._random()
+
+    def _refit_due(self) -> bool:
+        return len(self._results) - self._fitted_at >= min(self.refit_every, self.plan_size)
 
     def _live_plan(self) -> bool:
         while self._plan and self._plan[0] in self._proposed:

@@ -101,13 +101,26 @@ def test_resumed_results_and_exclusions_are_never_proposed() -> None:
 
 def test_refit_cadence_and_model_time() -> None:
     seconds = _peak(SMALL, 3)
-    s = ModelSearcher(SMALL, seed=3, plan_size=32, epsilon=0.0)
+    s = ModelSearcher(SMALL, seed=3, plan_size=32, epsilon=0.0, refit_every=32)
     for _ in range(20):
         batch = s.ask(8)
         s.tell(batch, [_ok(seconds(i)) for i in batch])
     # 160 results: random until 8 succeeded, then one fit per 32 results (plan used up).
     assert 4 <= s.fits <= 5
     assert s.model_seconds > 0
+
+
+def test_small_spaces_refit_every_batch_large_ones_every_plan() -> None:
+    small = ModelSearcher(SMALL, seed=3, plan_size=64, epsilon=0.0)
+    large = ModelSearcher(LARGE, seed=3, plan_size=64, epsilon=0.0, n_chains=32, sa_steps=20)
+    for s, space in ((small, SMALL), (large, LARGE)):
+        seconds = _peak(space, 3)
+        for _ in range(10):
+            batch = s.ask(8)
+            s.tell(batch, [_ok(seconds(i)) for i in batch])
+    # 80 results, the first batch random: 9 fits when refitting per batch, 2 per 64-plan.
+    assert small.refit_every == 8 and small.fits == 9
+    assert large.refit_every == 64 and large.fits == 2
 
 
 def test_failures_count_as_zero_and_all_failures_stay_random() -> None:
