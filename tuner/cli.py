@@ -5,6 +5,8 @@
         --token-file pool.secrets --records redis://db:6379/0 --resume --early-stop 64
     kiln records summary r.jsonl
     kiln records plot r.jsonl -o curve.png
+    kiln tune net.onnx --trials 512 --records r.jsonl    # every task of a model (model_cli)
+    kiln build net.onnx --records r.jsonl -o net.kiln
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 from compiler.toolchain import BuildError, get_target
 from protos.auth import SecretsError, TlsFiles
-from tuner import devices_view, models_cli, peer, records_cli, table
+from tuner import devices_view, model_cli, models_cli, peer, records_cli, table
 from tuner.builder import LocalBuilder
 from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     records_cli.add_parser(sub)
     models_cli.add_parser(sub)
+    model_cli.add_parser(sub)
 
     demo = sub.add_parser(
         "demo", help="start a local pool, tune sgemm (dense, packed B), print a table"
@@ -259,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "demo": cmd_demo,
             "records": records_cli.run,
             "models": models_cli.run,
+            "tune": model_cli.run,
+            "build": model_cli.run,
         }
         code = commands[args.command](args)
     except UsageError as exc:
@@ -269,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         RecordStoreError,
         records_cli.RecordsCliError,
         models_cli.ModelsCliError,
+        model_cli.ModelCliError,
     ) as exc:
         print(f"kiln: {exc}", file=sys.stderr)
         code = 1
@@ -289,12 +295,13 @@ def make_searcher(
     seed: int,
     transfer: TransferScore | None = None,
     target: str = "host",
+    constraint: Callable[[int], bool] | None = None,
 ) -> Searcher:
     """The searcher `--tuner name` asks for, over the task's space.
 
     Both searchers skip configs the template calls implausible on `target` (a register tile that
-    spills there). `transfer` (xgb only) scores candidates with a model pretrained on other
-    workloads.
+    spills there) and, when given, those `constraint` rejects (a model's layout blocks).
+    `transfer` (xgb only) scores candidates with a model pretrained on other workloads.
 
     Raises:
         UsageError: an unknown name, or the model-guided searcher cannot be imported.
@@ -303,10 +310,12 @@ def make_searcher(
         raise UsageError(f"--tuner must be one of {', '.join(TUNERS)}, got {name!r}")
     shape, space = task.workload.shape, task.space
     worth_measuring = getattr(task.template, "worth_measuring", None)
-    valid: Callable[[int], bool] | None = None
+    valid: Callable[[int], bool] | None = constraint
     if worth_measuring is not None:
 
         def valid(index: int) -> bool:
+            if constraint is not None and not constraint(index):
+                return False
             return bool(worth_measuring(shape, space.get(index), target))
 
     if name == "random":
@@ -382,6 +391,18 @@ def _prepare(
     return make_searcher(args.tuner, task, args.seed, transfer, args.target), store
 
 
+def runner_and_builder(
+    args: argparse.Namespace, pool: PoolConfig
+) -> tuple[PoolRunner, LocalBuilder]:
+    """The pool runner and local builder the tuning flags ask for; the caller closes both."""
+    evaluator = EvaluatorConfig(
+        repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout_s
+    )
+    runner = PoolRunner(pool, evaluator, devices=args.devices)
+    builder = LocalBuilder(target=args.target, workers=args.build_workers, per_unit=args.per_unit)
+    return runner, builder
+
+
 def _run_tuning(
     args: argparse.Namespace,
     task: Task,
@@ -389,11 +410,7 @@ def _run_tuning(
     searcher: Searcher,
     store: RecordStore | None,
 ) -> TuneProgress:
-    evaluator = EvaluatorConfig(
-        repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout_s
-    )
-    runner = PoolRunner(pool, evaluator, devices=args.devices)
-    builder = LocalBuilder(target=args.target, workers=args.build_workers, per_unit=args.per_unit)
+    runner, builder = runner_and_builder(args, pool)
     bar = ProgressBar()
     try:
         return tune(
@@ -448,25 +465,29 @@ def cmd_tune_op(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         tags = _tags(args.tag)
         searcher, store = _prepare(args, task, stack)
-        if args.tracker:
-            if not args.key:
-                raise UsageError("--key is required with --tracker")
-            tracker, key = args.tracker, args.key
-        else:
-            pool = stack.enter_context(LocalPool(devices=args.devices))
-            tracker, key, token = pool.tracker_address, pool.key, pool.client_token
-            print(
-                f"local pool: tracker {tracker}, agent {pool.agent_addresses[0]}", file=sys.stderr
-            )
-        progress = _run_tuning(
-            args,
-            task,
-            PoolConfig(tracker=tracker, key=key, tags=tags, token=token, tls=tls),
-            searcher,
-            store,
-        )
+        pool = pool_config(args, stack, token, tls, tags)
+        progress = _run_tuning(args, task, pool, searcher, store)
     _report(progress)
     return 0
+
+
+def pool_config(
+    args: argparse.Namespace,
+    stack: ExitStack,
+    token: str | None,
+    tls: TlsFiles | None,
+    tags: dict[str, str],
+) -> PoolConfig:
+    """The pool of `--tracker`/`--key`, or a local pool started on `stack` when no --tracker."""
+    if args.tracker:
+        if not args.key:
+            raise UsageError("--key is required with --tracker")
+        tracker, key = args.tracker, args.key
+    else:
+        local = stack.enter_context(LocalPool(devices=args.devices))
+        tracker, key, token = local.tracker_address, local.key, local.client_token
+        print(f"local pool: tracker {tracker}, agent {local.agent_addresses[0]}", file=sys.stderr)
+    return PoolConfig(tracker=tracker, key=key, tags=tags, token=token, tls=tls)
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

@@ -1,0 +1,224 @@
+"""`kiln tune MODEL.onnx` and `kiln build MODEL.onnx`: tune a whole model, then compile it.
+
+    kiln tune net.onnx --trials 512 --records r.jsonl                # a local pool
+    kiln tune net.onnx --tracker HOST:PORT --key x86 --token-file pool.secrets \
+        --trials 2000 --records r.jsonl --resume --input-shape x=1,3,224,224
+    kiln build net.onnx --records r.jsonl -o net.kiln
+
+`kiln tune` takes the flags of `kiln tune-op` (pool, budget, batch, tuner, records, resume,
+target, measurement); `--trials` is the budget of the whole model, handed out by the task
+scheduler, and `--early-stop N` retires a task after N trials without a better candidate. It
+ends with a per-task table and the estimated model latency (sum of weight x best latency).
+`kiln build` writes the model artifact (model.so, params.npz, model.json) with the best recorded
+config of each task, and the builder's default config for tasks without records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tuner import table
+from tuner.model_tuning import ModelTuneResult, ModelTuneStep, SearcherFactory, tune_model
+from tuner.record_store import RecordStore, is_redis_url
+from tuner.search import Searcher
+from tuner.task import Task
+from tuner.tune import TuningError
+
+if TYPE_CHECKING:
+    from compiler.graph.ir import Graph
+
+
+class ModelCliError(Exception):
+    """A model command cannot do its work (unreadable model, failed build): `kiln: <message>`."""
+
+
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    from tuner.cli import _shape  # lazily: tuner.cli imports this module
+
+    name, sep, dims = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"want NAME=D,D,..., got {text!r}")
+    return name, _shape(dims)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `tune` and `build` to the `kiln` subcommands."""
+    from tuner.cli import _add_tuning_args  # lazily: tuner.cli imports this module
+
+    t = sub.add_parser(
+        "tune", help="tune every task of an ONNX model on a pool (a local one if no --tracker)"
+    )
+    t.add_argument("model", help="the .onnx file")
+    _add_shape_arg(t)
+    _add_tuning_args(t, remote=True)
+
+    b = sub.add_parser("build", help="compile an ONNX model with the best configs of --records")
+    b.add_argument("model", help="the .onnx file")
+    b.add_argument("--records", required=True, metavar="PATH|URL", help="records of `kiln tune`")
+    b.add_argument("-o", "--output", required=True, help="directory to write the artifact into")
+    b.add_argument("--target", default="host", help="what to compile for (as `kiln tune`)")
+    _add_shape_arg(b)
+
+
+def _add_shape_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--input-shape",
+        type=_input_shape,
+        action="append",
+        default=[],
+        metavar="NAME=D,D,...",
+        help="static shape of a model input with symbolic dims, e.g. x=1,3,224,224 (repeatable)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "tune": cmd_tune,
+        "build": cmd_build,
+    }
+    return commands[args.command](args)
+
+
+def _load(args: argparse.Namespace) -> Graph:
+    from compiler.frontend.onnx import load_onnx  # onnx is slow to import; only these need it
+    from compiler.graph.ir import GraphError
+
+    try:
+        return load_onnx(args.model, dict(args.input_shape))
+    except GraphError as exc:
+        hint = " (give it with --input-shape NAME=D,D,...)" if "symbolic" in str(exc) else ""
+        raise ModelCliError(f"{exc}{hint}") from None
+
+
+def _searcher_factory(args: argparse.Namespace, store: RecordStore | None) -> SearcherFactory:
+    """Each task's searcher as `kiln tune-op` makes it, transfer from other records included."""
+    from tuner import cli
+
+    def factory(task: Task, valid: Callable[[int], bool]) -> Searcher:
+        transfer = None
+        if args.tuner == "xgb" and args.transfer and store is not None:
+            transfer = cli._transfer_from(store, task, args.seed, args.target)
+        return cli.make_searcher(args.tuner, task, args.seed, transfer, args.target, valid)
+
+    return factory
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}" if math.isfinite(seconds) else "-"
+
+
+def _progress(step: ModelTuneStep) -> None:
+    a = step.allocation
+    task_best = _ms(step.task_best_s) if step.task_best_s is not None else "-"
+    print(
+        f"[{step.trials}/{step.total_trials}] {a.task} ({a.reason}): {a.trials} trials, "
+        f"{a.failures} failed; task best {task_best} ms; est. model {_ms(step.estimated_s)} ms",
+        file=sys.stderr,
+    )
+
+
+def report(result: ModelTuneResult) -> str:
+    """The per-task table, the tasks not tuned and the estimated model latency."""
+    rows = [
+        [
+            t.name,
+            str(t.weight),
+            f"{t.trials} ({t.resumed} resumed)" if t.resumed else str(t.trials),
+            f"{t.best_gflops:.1f}" if t.best else "-",
+            _ms(t.estimated_s),
+            t.status,
+        ]
+        for t in result.tasks
+    ]
+    lines = [table.render(["task", "weight", "trials", "best GFLOP/s", "est. ms", "status"], rows)]
+    lines += [f"not tuned: {s.anchor_op} x{s.weight}: {s.note}" for s in result.skipped]
+    lines.append(
+        f"estimated latency: {_ms(result.estimated_s)} ms (sum of weight x best over "
+        f"{len(result.tasks)} tasks) after {result.trials} trials on {result.target}"
+    )
+    return "\n".join(lines)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tuner import cli
+
+    cli._check_tuning_args(args)
+    token, tls = cli._credentials(args)
+    tags = cli._tags(args.tag)
+    graph = _load(args)
+    with ExitStack() as stack:
+        store = cli._open_records(args.records)
+        if store is not None:
+            stack.callback(store.close)
+        pool = cli.pool_config(args, stack, token, tls, tags)
+        runner, builder = cli.runner_and_builder(args, pool)
+        stack.callback(builder.close)
+        stack.callback(runner.close)
+        try:
+            result = tune_model(
+                graph,
+                runner,
+                builder,
+                store,
+                total_trials=args.trials,
+                batch_size=args.batch,
+                target=args.target,
+                seed=args.seed,
+                early_stop_per_task=args.early_stop,
+                on_batch=_progress,
+                resume=args.resume,
+                searcher_factory=_searcher_factory(args, store),
+            )
+        except KeyboardInterrupt:
+            if store is not None:
+                print(
+                    f"kiln: stopped; the records so far are in {store}; run again with --resume "
+                    "to continue",
+                    file=sys.stderr,
+                )
+            raise
+    print(report(result))
+    if result.tasks and all(t.best is None for t in result.tasks):
+        raise TuningError(f"no task of {args.model} has a working candidate")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from compiler.errors import CompilerError
+    from compiler.graph.build_model import build_model
+    from compiler.graph.ir import GraphError
+    from compiler.toolchain import BuildError, get_target
+    from tuner import cli
+    from tuner.model_tuning import configs_from_records, model_tasks
+
+    try:
+        get_target(args.target)
+    except BuildError as exc:
+        raise cli.UsageError(f"--target: {exc}") from None
+    if not is_redis_url(args.records) and not Path(args.records).is_file():
+        raise cli.UsageError(f"--records {args.records}: no such file")
+    graph = _load(args)
+    store = cli._open_records(args.records)
+    assert store is not None
+    try:
+        configs = configs_from_records(graph, store, args.target)
+    finally:
+        store.close()
+    tunable, skipped = model_tasks(graph)
+    try:
+        artifact = build_model(graph, configs, args.target)
+    except (GraphError, CompilerError) as exc:
+        raise ModelCliError(f"building {args.model}: {exc}") from None
+    out = artifact.save(args.output)
+    print(artifact.summary)
+    print(
+        f"wrote {out}: {len(configs)} of {len(tunable)} tunable tasks tuned from {args.records}, "
+        f"{len(tunable) - len(configs)} with default configs, {len(skipped)} not tunable"
+    )
+    return 0

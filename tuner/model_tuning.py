@@ -1,0 +1,373 @@
+"""Tune a whole model: its tasks share one trial budget, handed out by the task scheduler.
+
+    result = tune_model("net.onnx", runner, builder, store, total_trials=512, batch_size=8)
+    configs = configs_from_records(graph, store, "host")     # what build_model takes
+
+The graph is optimized and fused as `build_model` does, and cut into tasks (`extract_tasks`).
+Specs without a template are reported in `ModelTuneResult.skipped` (with their reason) and built
+with generic kernels. Every tunable task keeps one searcher for the whole run: the scheduler's
+`tune_batch(n)` asks it for `n` more candidates, builds, measures, appends the batch to the store
+and tells the searcher, so a task's search continues across its batches. A task's configs are
+restricted to those keeping the graph's channel blocks (`ic_block`, `oc_block`, `c_block`): the
+model builder refuses any other.
+
+Resume: each task's earlier records in the store (same workload and target, today's config
+space) are told to its searcher before the run, never measured again, and count toward
+`total_trials`. The scheduler itself sees only this run's batches (it takes no history), so
+after a resume it re-learns each task's curve from one warm-up batch; the estimated latency,
+the per-task bests and trial counts include the resumed records.
+
+The estimated model latency is `sum(weight * best latency)` over the tunable tasks (infinite
+while one has no working candidate); `ModelTuneResult.curve` holds it after every batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from compiler.graph import passes as P
+from compiler.graph.build_model import optimize
+from compiler.graph.ir import Graph, Node
+from compiler.graph.tasks import TaskKey, TaskSpec, extract_tasks
+from compiler.ops.space import Config
+from tuner import records as rec
+from tuner.builder import Builder
+from tuner.measure import MeasureResult
+from tuner.record_store import RecordStore
+from tuner.runner.base import Runner
+from tuner.search import Searcher
+from tuner.task import Task
+from tuner.task_scheduler import Allocation, SchedTask, ScheduleResult, TaskScheduler
+from tuner.tune import TuneProgress, _resumable, _run_batch, target_name
+
+_LOG = logging.getLogger(__name__)
+
+# (task, valid) -> the searcher of one task; valid is False for configs never to propose.
+SearcherFactory = Callable[[Task, Callable[[int], bool]], Searcher]
+
+
+@dataclass(frozen=True)
+class ModelTask:
+    """One tunable task of a model: its spec, its tuner Task and the layout blocks it must keep."""
+
+    spec: TaskSpec
+    task: Task
+    blocks: Mapping[str, int]
+
+    @property
+    def name(self) -> str:
+        return str(self.task.workload)
+
+    def fits(self, index: int) -> bool:
+        """Whether config `index` keeps the graph's channel blocks (the builder refuses others)."""
+        return _fits(self.task.space.get(index), self.blocks)
+
+
+def _fits(config: Mapping[str, object], blocks: Mapping[str, int]) -> bool:
+    return all(config[k] == v for k, v in blocks.items() if k in config)
+
+
+def model_tasks(graph: Graph) -> tuple[list[ModelTask], list[TaskSpec]]:
+    """The tunable tasks of `graph` (as `build_model` cuts it) and the specs that are not.
+
+    A spec whose groups disagree on the channel blocks is not tunable either (one config per
+    workload could not fit all of them); its note says so.
+    """
+    fusion = P.fuse(optimize(graph))
+    groups = {g.index: g for g in fusion.groups}
+    tunable: list[ModelTask] = []
+    skipped: list[TaskSpec] = []
+    for spec in extract_tasks(fusion):
+        if spec.template is None:
+            skipped.append(spec)
+            continue
+        seen = {
+            tuple(sorted(_blocks(fusion.graph, groups[i].anchor, spec).items()))
+            for i in spec.groups
+        }
+        if len(seen) != 1:
+            note = f"its groups {list(spec.groups)} have different channel blocks {sorted(seen)}"
+            skipped.append(
+                TaskSpec(None, spec.workload, spec.weight, spec.anchor_op, note, spec.groups)
+            )
+            continue
+        task = Task(rec.Workload(spec.template, spec.workload))
+        tunable.append(ModelTask(spec, task, dict(seen.pop())))
+    return tunable, skipped
+
+
+def _blocks(g: Graph, anchor: Node, spec: TaskSpec) -> dict[str, int]:
+    """The block knobs the model builder pins for an anchor (see `model_kernels._Lowering.conv`)."""
+    if spec.anchor_op != "conv2d_nchwc":
+        return {}
+    x = g.type_of(anchor.inputs[0]).shape
+    if spec.template == "depthwise_conv2d_nchwc":
+        return {"c_block": x[4]}
+    return {"ic_block": x[4], "oc_block": g.type_of(anchor.outputs[0]).shape[4]}
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """Where one task ended: trials (resumed included), its best record, the scheduler's status."""
+
+    spec: TaskSpec
+    name: str
+    trials: int
+    resumed: int
+    best: rec.Record | None
+    status: str
+    error: str | None = None
+
+    @property
+    def weight(self) -> int:
+        return self.spec.weight
+
+    @property
+    def best_gflops(self) -> float:
+        return self.best.gflops if self.best else 0.0
+
+    @property
+    def estimated_s(self) -> float:
+        """weight x best latency: this task's share of the model (inf without a working one)."""
+        return self.spec.weight * self.best.result.median_s if self.best else math.inf
+
+
+@dataclass(frozen=True)
+class ModelTuneStep:
+    """Handed to `on_batch` after every batch: the allocation and where the model stands.
+
+    `trials` and `task_best_s` (the allocated task's best latency) count resumed records; the
+    allocation's own figures are the scheduler's, which sees this run's batches only.
+    """
+
+    allocation: Allocation
+    trials: int
+    total_trials: int
+    estimated_s: float
+    task_best_s: float | None
+
+
+@dataclass(frozen=True)
+class ModelTuneResult:
+    """What `tune_model` did: per-task reports, non-tunable specs, the estimated latency curve.
+
+    `curve` holds `(trials, estimated model latency in seconds)`: first after resuming (when
+    anything was resumed), then after every batch; trials count resumed records.
+    """
+
+    tasks: list[TaskReport]
+    skipped: list[TaskSpec]
+    curve: list[tuple[int, float]]
+    schedule: ScheduleResult
+    target: str
+
+    @property
+    def trials(self) -> int:
+        return sum(t.trials for t in self.tasks)
+
+    @property
+    def resumed(self) -> int:
+        return sum(t.resumed for t in self.tasks)
+
+    @property
+    def estimated_s(self) -> float:
+        """sum(weight x best latency) over the tunable tasks (inf if one has no working config)."""
+        return math.fsum(t.estimated_s for t in self.tasks)
+
+
+@dataclass
+class _TaskRun:
+    """One task's search across the batches the scheduler gives it."""
+
+    mt: ModelTask
+    searcher: Searcher
+    builder: Builder
+    runner: Runner
+    store: RecordStore | None
+    target: str
+    progress: TuneProgress = field(default_factory=TuneProgress)
+    measured: set[int] = field(default_factory=set)
+
+    def resume(self) -> int:
+        """Tell the searcher this task's earlier records; returns how many there were."""
+        if self.store is None:
+            return 0
+        prior = _resumable(self.mt.task, self.store.load(self.mt.task.workload, self.target))
+        prior = [r for r in prior if self.mt.fits(r.config_index)]
+        if prior:
+            self.searcher.tell([r.config_index for r in prior], [r.result for r in prior])
+            self.progress.add(prior)
+            self.progress.resumed = len(prior)
+            self.measured.update(r.config_index for r in prior)
+        return len(prior)
+
+    def tune_batch(self, n: int) -> list[float | None]:
+        """Measure up to `n` new candidates; fewer when the searcher has no more to propose."""
+        task = self.mt.task
+        asked = self.searcher.ask(n)
+        indices = [i for i in dict.fromkeys(asked) if i not in self.measured]
+        if not indices:
+            return []
+        results = _run_batch(task, self.builder, self.runner, indices, self.progress)
+        stamp = rec.now_iso()
+        size = len(task.space)
+        batch = [
+            rec.Record(task.workload, self.target, i, task.knobs(i), r, task.flop, stamp, size)
+            for i, r in zip(indices, results, strict=True)
+        ]
+        if self.store is not None:
+            self.store.append(batch)
+        self.searcher.tell(indices, results)
+        self.measured.update(indices)
+        self.progress.add(batch)
+        return [_latency(r) for r in results]
+
+
+def _latency(result: MeasureResult) -> float | None:
+    return result.median_s if result.ok else None
+
+
+def _estimate(runs: list[_TaskRun]) -> float:
+    return math.fsum(
+        r.mt.spec.weight * r.progress.best.result.median_s if r.progress.best else math.inf
+        for r in runs
+    )
+
+
+def default_searcher_factory(tuner: str, seed: int, target: str) -> SearcherFactory:
+    """Searchers as `kiln tune-op --tuner NAME` makes them, restricted to `valid` configs."""
+    from tuner.cli import make_searcher  # lazily: tuner.cli imports the model commands
+
+    def factory(task: Task, valid: Callable[[int], bool]) -> Searcher:
+        return make_searcher(tuner, task, seed, None, target, constraint=valid)
+
+    return factory
+
+
+def tune_model(
+    graph_or_path: Graph | str | os.PathLike[str],
+    runner: Runner,
+    builder: Builder,
+    store: RecordStore | None,
+    total_trials: int,
+    batch_size: int = 8,
+    target: str = "host",
+    seed: int = 0,
+    tuner: str = "xgb",
+    early_stop_per_task: int | None = None,
+    on_batch: Callable[[ModelTuneStep], None] | None = None,
+    resume: bool = False,
+    searcher_factory: SearcherFactory | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> ModelTuneResult:
+    """Tune every tunable task of a model within one trial budget (see the module docstring).
+
+    Args:
+        graph_or_path: the graph, or an ONNX file imported with `input_shapes`.
+        runner, builder: measure and build candidates; records carry `builder.target`'s name.
+        store: records are appended here per batch (None: kept in memory only).
+        total_trials: the budget over all tasks, resumed records included.
+        batch_size: candidates per scheduler allocation.
+        target: the compile target the searchers judge configs for (register budgets).
+        seed: seeds the scheduler and every searcher.
+        tuner: "xgb" or "random" (ignored with `searcher_factory`).
+        early_stop_per_task: retire a task after this many trials without a better candidate.
+        on_batch: called after every batch with a `ModelTuneStep`.
+        resume: continue from the store's records of these tasks on this target.
+        searcher_factory: makes each task's searcher (default: `tuner` as `kiln tune-op` does).
+
+    Raises:
+        ValueError: a budget or batch below 1, or resume without a store.
+    """
+    if total_trials < 1 or batch_size < 1:
+        raise ValueError(
+            f"total_trials and batch_size must be >= 1, got {total_trials}, {batch_size}"
+        )
+    if resume and store is None:
+        raise ValueError("resume needs a records store to read")
+    if isinstance(graph_or_path, Graph):
+        graph = graph_or_path
+    else:
+        from compiler.frontend.onnx import load_onnx  # onnx is only needed for a path
+
+        graph = load_onnx(graph_or_path, input_shapes)
+    tunable, skipped = model_tasks(graph)
+    for spec in skipped:
+        _LOG.info("not tuned: %s x%d: %s", spec.anchor_op, spec.weight, spec.note)
+    factory = searcher_factory or default_searcher_factory(tuner, seed, target)
+    records_target = target_name(builder.target)
+    runs = [
+        _TaskRun(mt, factory(mt.task, mt.fits), builder, runner, store, records_target)
+        for mt in tunable
+    ]
+    resumed = sum(run.resume() for run in runs) if resume else 0
+    curve: list[tuple[int, float]] = [(resumed, _estimate(runs))] if resumed else []
+
+    by_name = {run.mt.name: run for run in runs}
+
+    def step(allocation: Allocation) -> None:
+        trials = resumed + allocation.total_trials
+        curve.append((trials, _estimate(runs)))
+        if on_batch is not None:
+            best = by_name[allocation.task].progress.best
+            task_best_s = best.result.median_s if best is not None else None
+            on_batch(ModelTuneStep(allocation, trials, total_trials, curve[-1][1], task_best_s))
+
+    sched_tasks = [
+        SchedTask(
+            run.mt.name,
+            run.mt.spec.weight,
+            run.mt.task.flop,
+            run.tune_batch,
+            run.mt.task.workload.op,
+        )
+        for run in runs
+    ]
+    schedule = TaskScheduler(
+        sched_tasks,
+        max(0, total_trials - resumed),
+        batch_size,
+        seed=seed,
+        early_stop_per_task=early_stop_per_task,
+        on_batch=step,
+    ).run()
+    outcomes = {o.name: o for o in schedule.tasks}
+    reports = [
+        TaskReport(
+            run.mt.spec,
+            run.mt.name,
+            run.progress.trials,
+            run.progress.resumed,
+            run.progress.best,
+            outcomes[run.mt.name].status,
+            outcomes[run.mt.name].error,
+        )
+        for run in runs
+    ]
+    return ModelTuneResult(reports, skipped, curve, schedule, records_target)
+
+
+def configs_from_records(graph: Graph, store: RecordStore, target: str) -> dict[TaskKey, Config]:
+    """The best recorded config of each tunable task of `graph` on `target`, as `build_model` takes.
+
+    Only records of today's config space (`space_size` checked) whose config keeps the graph's
+    channel blocks count; a task without one is left out, so the builder uses its default.
+    """
+    configs: dict[TaskKey, Config] = {}
+    resolved = target_name(target)
+    tunable, _ = model_tasks(graph)
+    for mt in tunable:
+        size = len(mt.task.space)
+        fitting = [
+            r
+            for r in store.load(mt.task.workload, resolved)
+            if 0 <= r.config_index < size and mt.fits(r.config_index)
+        ]
+        best = rec.apply_best(fitting, mt.task.workload, resolved, size)
+        if best is not None:
+            configs[mt.spec.key] = mt.task.space.get(best.index)
+    return configs
