@@ -1,0 +1,194 @@
+"""Run a built model natively, and its onnxruntime peer, for `models.py`.
+
+`NativeModel` loads a `ModelArtifact`'s shared object with ctypes, owns its params, a 64-byte
+aligned workspace and output buffers, and calls the C entry `kiln_model_run` (see
+`compiler/graph/build_model.py` for its ABI) with argument arrays packed once, so a timed call
+costs one ctypes call over the model's own work. `kernel_seconds` times each kernel of the model
+on its own through the kernel's generated timing entry (`<symbol>__time`), with the argument
+pointers the entry would pass (recomputed from `plan_model`, which is deterministic).
+`OrtPeer` is onnxruntime on one intra-op and one inter-op thread, sequential, all graph
+optimizations. `loop_seconds` times any callable the same way for both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from compiler.graph.build_model import ModelArtifact, ModelPlan
+from device_agent import abi
+
+ALIGNMENT = 64  # bytes: what `kiln_model_run` requires of the workspace
+
+
+def aligned_zeros(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
+    """A zeroed uint8 array of `nbytes` (at least 1) starting on an `alignment` boundary."""
+    raw = np.zeros(max(nbytes, 1) + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start : start + max(nbytes, 1)]
+
+
+def _c_dtype(dtype: str) -> np.dtype:
+    """Bool values cross the C ABI as int32."""
+    return np.dtype(np.int32 if dtype == "bool" else dtype)
+
+
+def _pointers(arrays: list[np.ndarray]) -> ctypes.Array[ctypes.c_void_p]:
+    return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel's median seconds per call, run alone with the model's buffers."""
+
+    symbol: str
+    group: int
+    role: str
+    ops: str  # the fused group's ops, "+"-joined
+    anchor_op: str
+    seconds: float
+
+
+class NativeModel:
+    """A loaded model with fixed feeds: `run()` returns the outputs, `call()` just runs."""
+
+    def __init__(self, model: ModelArtifact, feeds: Mapping[str, np.ndarray]) -> None:
+        self.model = model
+        # dlopen keeps the mapping: the file may go once the library is loaded.
+        with tempfile.NamedTemporaryFile(suffix=".so") as so:
+            so.write(model.artifact.data)
+            so.flush()
+            self.lib = ctypes.CDLL(so.name)
+        self._fn = self.lib[model.entry]
+        self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)] * 2 + [
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
+        self._fn.restype = ctypes.c_int32
+        self.inputs = []
+        for spec in model.inputs:
+            value = np.ascontiguousarray(feeds[spec.name]).astype(_c_dtype(spec.dtype))
+            if value.shape != spec.shape:
+                raise ValueError(f"input {spec.name}: shape {value.shape}, expected {spec.shape}")
+            self.inputs.append(value)
+        self.outputs = [np.zeros(s.shape, _c_dtype(s.dtype)) for s in model.outputs]
+        self.params = [np.ascontiguousarray(p) for p in model.params]
+        self.workspace = aligned_zeros(model.workspace_bytes)
+        self._args = (
+            _pointers(self.inputs),
+            _pointers(self.outputs),
+            ctypes.c_void_p(self.workspace.ctypes.data),
+            _pointers(self.params),
+        )
+
+    def call(self) -> None:
+        rc = self._fn(*self._args)
+        if rc != 0:
+            raise RuntimeError(f"{self.model.entry} returned {rc}")
+
+    def run(self) -> list[np.ndarray]:
+        """One run; copies of the outputs (bool outputs as bool)."""
+        self.call()
+        return [
+            (o != 0) if s.dtype == "bool" else o.copy()
+            for o, s in zip(self.outputs, self.model.outputs, strict=True)
+        ]
+
+    def kernel_seconds(self, plan: ModelPlan, min_repeat_ms: float = 10.0) -> list[KernelTime]:
+        """Each kernel timed alone (median of 3 native repeats), in the order the entry calls them.
+
+        `plan` must be the plan this artifact was built from (`plan_model` with the same graph,
+        configs and target); its kernel symbols are checked against the artifact's.
+
+        Raises:
+            ValueError: the plan's kernels are not the artifact's.
+        """
+        symbols = [s.kernel.symbol for s in plan.steps]
+        built = [e.symbol for e in self.model.artifact.entries]
+        if symbols != built:
+            raise ValueError("the plan's kernels differ from the artifact's: not its plan")
+        g = plan.graph
+        groups = {grp.index: grp for grp in plan.fusion.groups}
+        base = self.workspace.ctypes.data
+        out: list[KernelTime] = []
+        for step in plan.steps:
+            addresses = []
+            for v in (*step.reads, *step.writes):
+                if v in g.inputs:
+                    addresses.append(self.inputs[g.inputs.index(v)].ctypes.data)
+                elif v in g.outputs:
+                    addresses.append(self.outputs[g.outputs.index(v)].ctypes.data)
+                elif v in plan.values.constants:
+                    addresses.append(self.params[plan.params.index(v)].ctypes.data)
+                else:
+                    addresses.append(base + plan.memory.offset(v))
+            args = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+            timer = abi.bind_timing(self.lib, self.model.artifact.entries[len(out)].timing_symbol)
+            cfg = abi.TimingConfigC(
+                warmup=1,
+                number=1,
+                repeat=3,
+                min_repeat_ms=min_repeat_ms,
+                cooldown_ms=0.0,
+                flush_buf=None,
+                flush_bytes=0,
+            )
+            samples = (ctypes.c_double * 3)()
+            if timer(args, ctypes.byref(cfg), samples, None) != 0:
+                raise RuntimeError(f"timing entry of {step.kernel.symbol} returned an error")
+            grp = groups[step.group]
+            out.append(
+                KernelTime(
+                    step.kernel.symbol,
+                    step.group,
+                    step.role,
+                    "+".join(grp.ops),
+                    grp.anchor.op,
+                    statistics.median(samples),
+                )
+            )
+        return out
+
+
+class OrtPeer:
+    """onnxruntime on the CPU provider: 1 intra-op, 1 inter-op thread, sequential, ORT_ENABLE_ALL."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(
+            model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
+        self.feeds = dict(feeds)
+
+    def call(self) -> None:
+        self.session.run(None, self.feeds)
+
+    def run(self) -> list[np.ndarray]:
+        return [np.asarray(o) for o in self.session.run(None, self.feeds)]
+
+
+def loop_seconds(call: Callable[[], None], min_round_s: float) -> float:
+    """Mean seconds per call over a loop lasting at least `min_round_s`, after one warm-up call."""
+    call()
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_round_s:
+            return elapsed / number
+        number = max(number + 1, int(number * 1.2 * min_round_s / max(elapsed, 1e-6)))

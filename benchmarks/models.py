@@ -1,0 +1,315 @@
+"""Whole models, ours vs onnxruntime, single-threaded, interleaved in one process.
+
+For each model (ResNet-18, MobileNetV2, BERT-tiny from `compiler/models.py`, seeded weights) the
+ONNX model is imported and built with the default configs (untuned) and, with `--records R` (a
+records file or store from `kiln tune`, issue 7's budget being at most 2,000 trials in all), with
+the best configs of those records (tuned), through `tuner.model_tuning.configs_from_records` when
+that function exists (else the tuned build is skipped with a note). Every build's outputs are
+checked against onnxruntime's (max |ours - ort| <= 1e-4 * max |ort|) before anything is timed.
+Then ours (the C entry `kiln_model_run` called in a loop through ctypes) and onnxruntime (1
+intra-op thread, 1 inter-op, sequential, all graph optimizations) alternate for `--rounds`
+rounds, each a loop of at least `--min-round-s`; a time is the median of its rounds. The process
+is pinned to one core and every BLAS / OpenMP pool has one thread. Ratio = onnxruntime time /
+our time (> 1: ours is faster). Workspace: the planned bytes against the plan's lower bound (the
+most bytes live at any one step). `--profile` adds each model's kernels timed one by one.
+
+    python benchmarks/models.py [--models resnet18,mobilenet_v2,bert_tiny] [--image 224]
+        [--seq 128] [--records tune.jsonl] [--rounds 5] [--min-round-s 0.2] [--profile]
+
+Records come from tuning the same models (same sizes, seed 0), e.g. 2,000 trials in all:
+
+    kiln models export -o m/ --image 224 --seq 128
+    kiln tune m/resnet18.onnx --trials 800 --records tune.jsonl     # likewise the other two
+
+Ends with:
+models: resnet18_ratio=<r> mobilenetv2_ratio=<r> bert_tiny_ratio=<r> workspace_over_bound=<f>
+(the tuned build's ratio where there is one, else the untuned; workspace_over_bound is the worst
+model's).
+"""
+
+from __future__ import annotations
+
+import os
+
+# One thread for every pool, set before numpy or onnxruntime load theirs.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+from benchmarks.model_runner import NativeModel, OrtPeer, loop_seconds  # noqa: E402
+from compiler import models  # noqa: E402
+from compiler.frontend.onnx import from_onnx  # noqa: E402
+from compiler.graph.build_model import ModelArtifact, build_model, plan_model  # noqa: E402
+from compiler.graph.ir import Graph  # noqa: E402
+from compiler.toolchain import CACHE_ENV  # noqa: E402
+
+MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
+FINAL_KEYS = {"resnet18": "resnet18", "mobilenet_v2": "mobilenetv2", "bert_tiny": "bert_tiny"}
+RTOL = 1e-4
+_BOUND = re.compile(r"workspace (\d+) bytes \(lower bound (\d+)")
+
+ConfigsFromRecords = Callable[[Graph, Any, str], Any]
+
+
+@dataclass
+class Build:
+    """One build of a model: the artifact, its configs, its build time and its runner."""
+
+    label: str  # "untuned" | "tuned"
+    artifact: ModelArtifact
+    configs: Any
+    build_s: float
+    native: NativeModel
+    times_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    name: str
+    builds: dict[str, Build]
+    ort_s: float
+    workspace: int
+    lower_bound: int
+    kernels: int
+
+    def ours_s(self, label: str) -> float | None:
+        b = self.builds.get(label)
+        return statistics.median(b.times_s) if b else None
+
+    def ratio(self, label: str) -> float | None:
+        ours = self.ours_s(label)
+        return self.ort_s / ours if ours else None
+
+
+def onnx_model(name: str, image: int, seq: int) -> onnx.ModelProto:
+    return models.build(name, **({"seq": seq} if name == "bert_tiny" else {"image": image}))
+
+
+def feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs: token ids below the vocabulary for int64 inputs, N(0, 1) for floats."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            out[value.name] = rng.integers(0, models.BERT_VOCAB, shape, dtype=np.int64)
+        else:
+            out[value.name] = rng.standard_normal(shape, dtype=np.float32)
+    return out
+
+
+def configs_from_records() -> ConfigsFromRecords | None:
+    """`tuner.model_tuning.configs_from_records`, or None where it does not exist yet."""
+    try:
+        module = importlib.import_module("tuner.model_tuning")
+    except ImportError:
+        return None
+    fn = getattr(module, "configs_from_records", None)
+    return fn if callable(fn) else None
+
+
+def workspace_bound(artifact: ModelArtifact, graph: Graph, configs: Any) -> tuple[int, int]:
+    """(planned workspace bytes, lower bound), from the build summary or else a fresh plan."""
+    match = _BOUND.search(artifact.summary)
+    if match:
+        return int(match.group(1)), int(match.group(2))
+    plan = plan_model(graph, configs)
+    return plan.memory.total, plan.memory.lower_bound
+
+
+def check(name: str, label: str, ours: list[np.ndarray], ref: list[np.ndarray]) -> None:
+    """Raise AssertionError naming the model, build and output unless ours match onnxruntime's."""
+    for i, (got, want) in enumerate(zip(ours, ref, strict=True)):
+        if got.shape != want.shape:
+            raise AssertionError(f"{name} {label}: output {i} shape {got.shape} != {want.shape}")
+        err = float(np.abs(got.astype(np.float64) - want).max())
+        scale = float(np.abs(want).max())
+        if err > RTOL * max(scale, 1e-30):
+            raise AssertionError(
+                f"{name} {label}: output {i} max error {err:.3g} over {RTOL:g} x {scale:.3g}"
+            )
+
+
+def build(
+    name: str, label: str, graph: Graph, configs: Any, inputs: dict[str, np.ndarray]
+) -> Build:
+    start = time.perf_counter()
+    artifact = build_model(graph, configs)
+    build_s = time.perf_counter() - start
+    return Build(label, artifact, configs, build_s, NativeModel(artifact, inputs))
+
+
+def profile(name: str, graph: Graph, b: Build, top: int) -> None:
+    """Print the `top` slowest kernels of a build, timed one by one, and time by anchor op."""
+    times = b.native.kernel_seconds(plan_model(graph, b.configs))
+    total = sum(t.seconds for t in times)
+    whole = statistics.median(b.times_s) if b.times_s else float("nan")
+    print(
+        f"\n{name} {b.label}: {len(times)} kernels, sum {total * 1e3:.2f} ms alone "
+        f"(whole model {whole * 1e3:.2f} ms)"
+    )
+    print(f"  {'kernel':<16} {'role':<6} {'ms':>8} {'share':>6}  group ops")
+    for t in sorted(times, key=lambda t: -t.seconds)[:top]:
+        share = t.seconds / total if total else 0.0
+        ops = t.ops if len(t.ops) <= 60 else t.ops[:57] + "..."
+        print(f"  {t.symbol:<16} {t.role:<6} {t.seconds * 1e3:8.3f} {share:6.1%}  {ops}")
+    by_op: dict[str, float] = {}
+    for t in times:
+        by_op[t.anchor_op] = by_op.get(t.anchor_op, 0.0) + t.seconds
+    ranked = sorted(by_op.items(), key=lambda kv: -kv[1])
+    print("  by anchor op: " + ", ".join(f"{op} {s * 1e3:.2f} ms" for op, s in ranked))
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:.2f}" if value is not None else "-"
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
+def print_table(rows: list[Row], tuned_note: str, cache: str) -> None:
+    head = (
+        f"{'model':<13} {'untuned ms':>10} {'tuned ms':>9} {'ort ms':>8} {'ratio unt':>9} "
+        f"{'ratio tun':>9} {'ws MB':>7} {'bound MB':>8} {'kernels':>7} {'build s':>11}"
+    )
+    print()
+    print(head)
+    for r in rows:
+        builds = "/".join(f"{b.build_s:.1f}" for b in r.builds.values())
+        print(
+            f"{r.name:<13} {_ms(r.ours_s('untuned')):>10} {_ms(r.ours_s('tuned')):>9} "
+            f"{r.ort_s * 1e3:8.2f} {_ratio(r.ratio('untuned')):>9} {_ratio(r.ratio('tuned')):>9} "
+            f"{r.workspace / 2**20:7.3f} {r.lower_bound / 2**20:8.3f} {r.kernels:7d} {builds:>11}"
+        )
+    print(
+        "(1 thread, pinned to one core; ratio = onnxruntime time / our time, medians of "
+        f"interleaved rounds; build s = untuned[/tuned], {cache}; final line: {tuned_note})"
+    )
+
+
+def measure_model(
+    name: str, args: argparse.Namespace, store: Any, from_records: ConfigsFromRecords | None
+) -> Row:
+    """Build, check, time (interleaved with onnxruntime) and optionally profile one model."""
+    proto = onnx_model(name, args.image, args.seq)
+    inputs = feeds(proto, args.seed)
+    graph = from_onnx(proto)
+    peer = OrtPeer(proto, inputs)
+    reference = peer.run()
+    builds = {"untuned": build(name, "untuned", graph, None, inputs)}
+    if store is not None and from_records is not None:
+        configs = from_records(graph, store, "host")
+        if configs:
+            builds["tuned"] = build(name, "tuned", graph, configs, inputs)
+        else:
+            print(f"{name}: no records of its tasks: no tuned build", flush=True)
+    for b in builds.values():
+        check(name, b.label, b.native.run(), reference)
+        print(f"{name} {b.label}: built in {b.build_s:.1f} s, outputs match", flush=True)
+    ort_times: list[float] = []
+    for _ in range(args.rounds):
+        for b in builds.values():
+            b.times_s.append(loop_seconds(b.native.call, args.min_round_s))
+        ort_times.append(loop_seconds(peer.call, args.min_round_s))
+    last = builds.get("tuned", builds["untuned"])  # the build the final line reports
+    workspace, bound = workspace_bound(last.artifact, graph, last.configs)
+    row = Row(
+        name,
+        builds,
+        statistics.median(ort_times),
+        workspace,
+        bound,
+        len(last.artifact.artifact.entries),
+    )
+    print(
+        f"  {name}: ours {_ms(row.ours_s(last.label))} ms ({last.label}), "
+        f"onnxruntime {row.ort_s * 1e3:.2f} ms, ratio {_ratio(row.ratio(last.label))}",
+        flush=True,
+    )
+    if args.profile:
+        for b in builds.values():
+            profile(name, graph, b, args.top)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
+    parser.add_argument("--image", type=int, default=224, help="image side (resnet18, mobilenet)")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length (bert_tiny)")
+    parser.add_argument("--records", help="records of `kiln tune` for the tuned builds")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    parser.add_argument("--min-round-s", type=float, default=0.2, help="length of one round")
+    parser.add_argument("--core", type=int, help="core to pin to (default: the last allowed)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and inputs")
+    parser.add_argument("--profile", action="store_true", help="time each kernel alone")
+    parser.add_argument("--top", type=int, default=12, help="kernels listed by --profile")
+    parser.add_argument(
+        "--cold-build", action="store_true", help="build with an empty gcc cache (build s cold)"
+    )
+    args = parser.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown models {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    core = args.core if args.core is not None else max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+
+    from_records = configs_from_records() if args.records else None
+    store = None
+    if args.records and from_records is None:
+        tuned_note = "untuned ratios (no tuner.model_tuning.configs_from_records: tuned skipped)"
+    elif args.records:
+        from tuner.record_store import open_store
+
+        store = open_store(args.records)
+        tuned_note = f"tuned ratio where tuned, else untuned (records {args.records})"
+    else:
+        tuned_note = "untuned ratios (no --records)"
+    print(f"pinned to core {core}; {tuned_note}", flush=True)
+    cache = "warm gcc cache"
+    if args.cold_build:
+        os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-models-cache-")
+        cache = "empty gcc cache"
+
+    rows: list[Row] = []
+    started = time.perf_counter()
+    try:
+        for name in names:
+            rows.append(measure_model(name, args, store, from_records))
+    finally:
+        if args.cold_build:
+            shutil.rmtree(os.environ[CACHE_ENV], ignore_errors=True)
+        if store is not None:
+            store.close()
+    print_table(rows, tuned_note, cache)
+    print(f"({time.perf_counter() - started:.0f} s in all)")
+    ratios = {r.name: r.ratio("tuned") or r.ratio("untuned") for r in rows}
+    parts = [
+        f"{FINAL_KEYS[n]}_ratio={_ratio(ratios.get(n)) if n in ratios else 'nan'}" for n in MODELS
+    ]
+    over = max((r.workspace / r.lower_bound for r in rows if r.lower_bound), default=float("nan"))
+    print(f"models: {' '.join(parts)} workspace_over_bound={over:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
