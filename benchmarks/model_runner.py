@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from compiler.graph.build_model import ModelArtifact, ModelPlan
+from compiler.graph.build_model import MODEL_ENTRY, ModelArtifact, ModelPlan
 from device_agent import abi
 
 ALIGNMENT = 64  # bytes: what `kiln_model_run` requires of the workspace
@@ -111,7 +111,7 @@ class NativeModel:
             ValueError: the plan's kernels are not the artifact's.
         """
         symbols = [s.kernel.symbol for s in plan.steps]
-        built = [e.symbol for e in self.model.artifact.entries]
+        built = [e.symbol for e in self.model.artifact.entries if e.symbol != MODEL_ENTRY]
         if symbols != built:
             raise ValueError("the plan's kernels differ from the artifact's: not its plan")
         g = plan.graph

@@ -264,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "models": models_cli.run,
             "tune": model_cli.run,
             "build": model_cli.run,
+            "run": model_cli.run,
         }
         code = commands[args.command](args)
     except UsageError as exc:

@@ -4,6 +4,7 @@
     kiln tune net.onnx --tracker HOST:PORT --key x86 --token-file pool.secrets \
         --trials 2000 --records r.jsonl --resume --input-shape x=1,3,224,224
     kiln build net.onnx --records r.jsonl -o net.kiln
+    kiln run net.kiln --input x.npy --check net.onnx --output y.npy    # a local pool
 
 `kiln tune` takes the flags of `kiln tune-op` (pool, budget, batch, tuner, records, resume,
 target, measurement); `--trials` is the budget of the whole model, handed out by the task
@@ -11,6 +12,8 @@ scheduler, and `--early-stop N` retires a task after N trials without a better c
 ends with a per-task table and the estimated model latency (sum of weight x best latency).
 `kiln build` writes the model artifact (model.so, params.npz, model.json) with the best recorded
 config of each task, and the builder's default config for tasks without records.
+`kiln run` runs a built model on a device of its target (the packed `kiln_model` entry, params
+embedded), checks its outputs against onnxruntime with `--check`, and prints the native latency.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from tuner import table
 from tuner.model_tuning import ModelTuneResult, ModelTuneStep, SearcherFactory, tune_model
@@ -65,6 +70,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--target", default="host", help="what to compile for (as `kiln tune`)")
     _add_shape_arg(b)
 
+    r = sub.add_parser(
+        "run", help="run a built model on a device of the pool (a local one if no --tracker)"
+    )
+    r.add_argument("model", help="the directory `kiln build` wrote")
+    r.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="[NAME=]X.npy",
+        help="a model input; without NAME=, the next input in model order (repeatable)",
+    )
+    r.add_argument("--output", default=None, help=".npy for one output (.npz with several)")
+    r.add_argument("--check", default=None, metavar="MODEL.onnx", help="compare with onnxruntime")
+    r.add_argument("--repeat", type=int, default=5, help="latency samples (default 5)")
+    r.add_argument("--tracker", default="", help="HOST:PORT; omitted: start a local pool")
+    r.add_argument("--key", default="", help="device key to lease (required with --tracker)")
+    r.add_argument("--tag", action="append", default=[], help="k=v a device must carry")
+    _add_security(r)
+    r.set_defaults(devices=1)
+
+
+def _add_security(p: argparse.ArgumentParser) -> None:
+    from tuner.cli import _add_security_args  # lazily: tuner.cli imports this module
+
+    _add_security_args(p)
+
 
 def _add_shape_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -81,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "tune": cmd_tune,
         "build": cmd_build,
+        "run": cmd_run,
     }
     return commands[args.command](args)
 
@@ -221,4 +253,87 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"wrote {out}: {len(configs)} of {len(tunable)} tunable tasks tuned from {args.records}, "
         f"{len(tunable) - len(configs)} with default configs, {len(skipped)} not tunable"
     )
+    return 0
+
+
+def _feeds(args: argparse.Namespace, names: list[str]) -> dict[str, np.ndarray]:
+    """The --input arrays by input name (unnamed ones fill the model's inputs in order)."""
+    from tuner import cli
+
+    feeds: dict[str, np.ndarray] = {}
+    unnamed = iter(n for n in names)
+    for item in args.input:
+        name, sep, path = item.rpartition("=")
+        if not sep:
+            name = next((n for n in unnamed if n not in feeds), "")
+            if not name:
+                raise cli.UsageError(f"--input {item}: the model has only inputs {names}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise cli.UsageError(f"--input {item}: cannot read {path}: {exc}") from None
+    return feeds
+
+
+def _reference(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in sess.run(None, feeds)]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from compiler.graph.build_model import ModelArtifact
+    from tuner import cli
+    from tuner.measure import EvaluatorConfig
+    from tuner.model_run import ModelRunError, check_feeds, run_model
+    from tuner.runner.pool import NoDeviceError, PoolRunner
+
+    if args.repeat < 1:
+        raise cli.UsageError(f"--repeat must be >= 1, got {args.repeat}")
+    if not (Path(args.model) / "model.json").is_file():
+        raise cli.UsageError(f"{args.model}: not a model directory (no model.json)")
+    if args.check and not Path(args.check).is_file():
+        raise cli.UsageError(f"--check {args.check}: no such file")
+    model = ModelArtifact.load(args.model)
+    feeds = _feeds(args, [s.name for s in model.inputs])
+    try:
+        check_feeds(model.inputs, feeds)  # before a local pool starts: bad input fails fast
+    except ModelRunError as exc:
+        raise ModelCliError(str(exc)) from None
+    # as the model takes them (onnxruntime wants the model's dtypes too)
+    feeds = {s.name: np.asarray(feeds[s.name]).astype(s.dtype) for s in model.inputs}
+    token, tls = cli._credentials(args)
+    tags = cli._tags(args.tag)
+    with ExitStack() as stack:
+        pool = cli.pool_config(args, stack, token, tls, tags)
+        runner = PoolRunner(pool, EvaluatorConfig(repeat=args.repeat))
+        stack.callback(runner.close)
+        try:
+            result = run_model(model, feeds, runner)
+        except (ModelRunError, NoDeviceError) as exc:
+            raise ModelCliError(str(exc)) from None
+    if args.output:
+        if len(result.outputs) == 1:
+            np.save(args.output, result.outputs[0])
+        else:
+            named = dict(zip((s.name for s in model.outputs), result.outputs, strict=True))
+            np.savez(args.output, **named)  # type: ignore[arg-type]
+    lat = result.latency
+    rows = [[f"{i}", _ms(s)] for i, s in enumerate(lat.samples_s)]
+    print(table.render(["repeat", "ms"], rows))
+    if not lat.ok:
+        raise ModelCliError(f"timing on {result.device_id} failed: {lat.status.value}: {lat.error}")
+    print(f"latency: {_ms(lat.median_s)} ms median of {len(lat.samples_s)} on {result.device_id}")
+    if args.check:
+        want = _reference(args.check, feeds)
+        for spec, got, ref in zip(model.outputs, result.outputs, want, strict=True):
+            scale = float(np.abs(ref).max()) if ref.size else 0.0
+            err = float(np.abs(got.astype(np.float64) - ref).max()) if ref.size else 0.0
+            if got.shape != ref.shape or err > 1e-4 * max(scale, 1e-30):
+                raise ModelCliError(
+                    f"output {spec.name!r} differs from onnxruntime: max abs error {err:.3g} "
+                    f"(scale {scale:.3g}, shape {list(got.shape)} vs {list(ref.shape)})"
+                )
+        print(f"check: {len(want)} output(s) match onnxruntime (rel 1e-4)")
     return 0

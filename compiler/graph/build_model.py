@@ -11,13 +11,24 @@ which calls the kernels in order, each with pointers to graph inputs (`inputs[i]
 `ModelArtifact.params` order, weights already packed for their configs) and intermediate buffers
 (`workspace + offset`). It returns 0, or the first nonzero code a kernel returned. The caller
 owns every buffer: `workspace_bytes` bytes, 64-byte aligned. Bool values are C ints (int32).
-The compiler never runs the artifact.
+
+The params are also embedded in the shared object (one read-only blob, each param 64-byte
+aligned, pulled in with `.incbin` from a content-named file in the build cache directory), and a
+packed entry makes the model an ordinary kernel that an agent runs and times like any other:
+
+    int32_t kiln_model(void **args);   /* + kiln_model__time, the native timing entry */
+
+with args = the graph inputs, the graph outputs, then one uint8 scratch buffer of
+`workspace_bytes + 63` bytes (role "workspace"; any alignment: the entry aligns it up to 64).
+It is the last entry of `ModelArtifact.artifact`, after one entry per kernel. The compiler never
+runs the artifact.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +37,19 @@ import numpy as np
 
 from compiler.artifact import ArgSpec, Artifact, Entry
 from compiler.build import build_source_many
-from compiler.codegen.timing import timing_symbol
+from compiler.codegen.timing import TIMING_PRELUDE, render_timing, timing_symbol
 from compiler.graph import passes as P
 from compiler.graph.ir import Graph, GraphError
 from compiler.graph.model_kernels import Configs, Step, lower_model, steps_graph
 from compiler.graph.passes.memory_plan import MemoryPlan
 from compiler.graph.tasks import TaskSpec, extract_tasks
 from compiler.te.tensor import PlaceholderOp
-from compiler.toolchain import compile_shared, get_target
+from compiler.toolchain import cache_dir, compile_shared, get_target
 
 ENTRY = "kiln_model_run"
+MODEL_ENTRY = "kiln_model"
+PARAMS_SYMBOL = "kiln_model_params"
+PARAM_ALIGNMENT = 64  # bytes: each param's offset in the blob, and the workspace's base
 
 
 @dataclass(frozen=True)
@@ -218,6 +232,74 @@ def entry_source(plan: ModelPlan) -> str:
     return "\n".join(lines)
 
 
+def param_offsets(params: Sequence[np.ndarray]) -> list[int]:
+    """Each param's byte offset in the embedded blob: packed in order, each 64-byte aligned."""
+    offsets, end = [], 0
+    for p in params:
+        end = -(-end // PARAM_ALIGNMENT) * PARAM_ALIGNMENT
+        offsets.append(end)
+        end += p.nbytes
+    return offsets
+
+
+def params_blob(params: Sequence[np.ndarray]) -> bytes:
+    """The bytes `.incbin` embeds: every param at its `param_offsets` offset, zeros between."""
+    offsets = param_offsets(params)
+    size = offsets[-1] + params[-1].nbytes if params else 0
+    blob = bytearray(size)
+    for off, p in zip(offsets, params, strict=True):
+        blob[off : off + p.nbytes] = np.ascontiguousarray(p).tobytes()
+    return bytes(blob)
+
+
+def _blob_file(blob: bytes) -> Path:
+    """`blob` in the build cache directory, named by its hash (so the source names its content)."""
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"params-{hashlib.sha256(blob).hexdigest()}.bin"
+    if not path.exists() or path.stat().st_size != len(blob):
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)  # atomic: a concurrent build sees the whole file or none
+    resolved = path.resolve()
+    if any(c in str(resolved) for c in '"\\\n'):
+        raise GraphError(f"cannot embed params from {resolved}: the path has a quote or backslash")
+    return resolved
+
+
+def packed_entry_source(
+    plan: ModelPlan, params: Sequence[np.ndarray], blob_path: Path | None
+) -> str:
+    """The C text of the params blob and of `kiln_model(void **args)` over `kiln_model_run`."""
+    n_in, n_out = len(plan.graph.inputs), len(plan.graph.outputs)
+    lines: list[str] = []
+    pointers = "0"
+    if blob_path is not None:
+        lines += [
+            "__asm__(",
+            '  ".section .rodata.kiln_model_params,\\"a\\"\\n"',
+            f'  ".balign {PARAM_ALIGNMENT}\\n"',
+            f'  ".globl {PARAMS_SYMBOL}\\n"',
+            f'  ".hidden {PARAMS_SYMBOL}\\n"',
+            f'  "{PARAMS_SYMBOL}:\\n"',
+            f'  ".incbin \\"{blob_path}\\"\\n"',
+            '  ".previous\\n");',
+            f"extern const unsigned char {PARAMS_SYMBOL}[]",
+            '    __attribute__((visibility("hidden"), aligned(64)));',
+        ]
+        pointers = ", ".join(f"(void *)({PARAMS_SYMBOL} + {off})" for off in param_offsets(params))
+    lines += [
+        f"int32_t {MODEL_ENTRY}(void **args) {{",
+        f"  void *params[] = {{{pointers}}};",
+        f"  uintptr_t ws = (uintptr_t)args[{n_in + n_out}];",
+        f"  ws = (ws + {PARAM_ALIGNMENT - 1}) & ~(uintptr_t){PARAM_ALIGNMENT - 1};",
+        f"  return {ENTRY}(args, args + {n_in}, (void *)ws, params);",
+        "}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def _summary(plan: ModelPlan) -> str:
     mem = plan.memory
     group_plan = P.plan_memory(plan.fusion)
@@ -249,7 +331,18 @@ def build_model(
     plan = plan_model(graph, configs, target)
     tgt = get_target(target)
     kernels = [s.kernel for s in plan.steps]
-    source = build_source_many(kernels, tgt) + "\n" + entry_source(plan)
+    params = [_as_param(plan.values.constants[v]) for v in plan.params]
+    blob = params_blob(params)
+    # The prelude is in the kernels' unit already; only the model's own timing entry is added.
+    model_timing = render_timing([MODEL_ENTRY]).removeprefix(TIMING_PRELUDE)
+    source = "\n".join(
+        [
+            build_source_many(kernels, tgt),
+            entry_source(plan),
+            packed_entry_source(plan, params, _blob_file(blob) if blob else None),
+            model_timing,
+        ]
+    )
     shared = compile_shared(source, tgt)
     entries = tuple(
         Entry(
@@ -268,18 +361,36 @@ def build_model(
         )
         for k in kernels
     )
-    digest = hashlib.sha256(shared.data).hexdigest()
-    artifact = Artifact(shared.data, digest, "shared_object", tgt.name, entries, plan.memory.total)
     g = plan.graph
+    inputs, outputs = _specs(g, g.inputs), _specs(g, g.outputs)
+    model_entry = Entry(
+        MODEL_ENTRY,
+        timing_symbol(MODEL_ENTRY),
+        (
+            *(ArgSpec(s.name, s.shape, _c_dtype(s.dtype), "input") for s in inputs),
+            *(ArgSpec(s.name, s.shape, _c_dtype(s.dtype), "output") for s in outputs),
+            ArgSpec("workspace", (plan.memory.total + PARAM_ALIGNMENT - 1,), "uint8", "workspace"),
+        ),
+        sum(e.flop for e in entries),
+    )
+    digest = hashlib.sha256(shared.data).hexdigest()
+    artifact = Artifact(
+        shared.data, digest, "shared_object", tgt.name, (*entries, model_entry), plan.memory.total
+    )
     return ModelArtifact(
         artifact,
-        [_as_param(plan.values.constants[v]) for v in plan.params],
-        _specs(g, g.inputs),
-        _specs(g, g.outputs),
+        params,
+        inputs,
+        outputs,
         plan.memory.total,
         tuple(plan.tasks),
         _summary(plan),
     )
+
+
+def _c_dtype(dtype: str) -> str:
+    """Bool values cross the C ABI as int32."""
+    return "int32" if dtype == "bool" else dtype
 
 
 def _specs(g: Graph, names: Sequence[str]) -> tuple[TensorSpec, ...]:

@@ -1,6 +1,7 @@
 """A ctypes runner for built models, for tests: load the .so, allocate the workspace, call the entry.
 
-The agent gets its own `model` entry later; this helper only lets unit tests run an artifact.
+`ModelRunner` calls the packed entry `kiln_model(args)` with the params embedded in the shared
+object (what an agent runs); `packed=False` calls `kiln_model_run` with `ModelArtifact.params`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from compiler.graph.build_model import ModelArtifact
+from compiler.graph.build_model import MODEL_ENTRY, ModelArtifact
 
 ALIGNMENT = 64
 
@@ -26,18 +27,22 @@ def aligned_zeros(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
 class ModelRunner:
     """Holds the loaded library, the params and a workspace; `run(feeds)` returns the outputs."""
 
-    def __init__(self, model: ModelArtifact) -> None:
+    def __init__(self, model: ModelArtifact, packed: bool = True) -> None:
         self.model = model
+        self.packed = packed
         # dlopen keeps the mapping: the file can go as soon as the library is loaded.
         with tempfile.NamedTemporaryFile(suffix=".so") as so:
             so.write(model.artifact.data)
             so.flush()
             self.lib = ctypes.CDLL(so.name)
-        self.fn = self.lib[model.entry]
-        self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)] * 2 + [
-            ctypes.c_void_p,
-            ctypes.POINTER(ctypes.c_void_p),
-        ]
+        self.fn = self.lib[MODEL_ENTRY if packed else model.entry]
+        if packed:
+            self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        else:
+            self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)] * 2 + [
+                ctypes.c_void_p,
+                ctypes.POINTER(ctypes.c_void_p),
+            ]
         self.fn.restype = ctypes.c_int32
         self.params = [np.ascontiguousarray(p) for p in model.params]
         self.workspace = aligned_zeros(model.workspace_bytes)
@@ -57,14 +62,19 @@ class ModelRunner:
         def pointers(arrays: list[np.ndarray]) -> ctypes.Array[ctypes.c_void_p]:
             return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
 
-        rc = self.fn(
-            pointers(inputs),
-            pointers(outputs),
-            ctypes.c_void_p(self.workspace.ctypes.data),
-            pointers(self.params),
-        )
+        if self.packed:
+            # The packed entry aligns the workspace itself: hand it a deliberately odd address.
+            scratch = np.zeros(self.model.workspace_bytes + 64, np.uint8)[1:]
+            rc = self.fn(pointers([*inputs, *outputs, scratch]))
+        else:
+            rc = self.fn(
+                pointers(inputs),
+                pointers(outputs),
+                ctypes.c_void_p(self.workspace.ctypes.data),
+                pointers(self.params),
+            )
         if rc != 0:
-            raise RuntimeError(f"{self.model.entry} returned {rc}")
+            raise RuntimeError(f"{self.fn.__name__} returned {rc}")
         return [
             o != 0 if s.dtype == "bool" else o
             for o, s in zip(outputs, self.model.outputs, strict=True)

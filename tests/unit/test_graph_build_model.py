@@ -22,7 +22,13 @@ from compiler import models, toolchain
 from compiler.frontend.onnx import from_onnx
 from compiler.graph import GraphError
 from compiler.graph import passes as P
-from compiler.graph.build_model import ModelArtifact, build_model, optimize, plan_model
+from compiler.graph.build_model import (
+    MODEL_ENTRY,
+    ModelArtifact,
+    build_model,
+    optimize,
+    plan_model,
+)
 from compiler.graph.tasks import extract_tasks
 from compiler.ops import get_template
 
@@ -106,7 +112,19 @@ def check_model(model: onnx.ModelProto, seed: int = 0) -> ModelArtifact:
     expected = sess.run(None, feeds)
     graph = from_onnx(model)
     built = build_model(graph)
-    got = ModelRunner(built).run(feeds)
+    got = ModelRunner(built).run(feeds)  # the packed entry, params embedded in the .so
+    unpacked = ModelRunner(built, packed=False).run(feeds)  # kiln_model_run, params passed in
+    for a, b in zip(got, unpacked, strict=True):
+        np.testing.assert_array_equal(a, b)
+    model_entry = built.artifact.entries[-1]
+    assert model_entry.symbol == MODEL_ENTRY and model_entry.timing_symbol == "kiln_model__time"
+    assert [a.role for a in model_entry.args] == (
+        ["input"] * len(built.inputs) + ["output"] * len(built.outputs) + ["workspace"]
+    )
+    assert [a.shape for a in model_entry.args[:-1]] == [s.shape for s in built.inputs] + [
+        s.shape for s in built.outputs
+    ]
+    assert model_entry.args[-1].shape == (built.workspace_bytes + 63,)
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape

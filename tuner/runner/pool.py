@@ -16,6 +16,9 @@ later batch if it comes back. When every lease of a batch is gone, a new one is 
 normal timeout; only if none can be had by then do the remaining candidates end NO_DEVICE (or
 DEVICE_LOST, for one whose retry found no device). Every call has a deadline: no hangs.
 
+`run_entry` and `measure_entry` serve `kiln run`: one entry of one artifact, on the first held
+lease, with the inputs sent (Run) or made on the device (Measure).
+
 Threads: stubs and channels are shared (one channel per agent); each lease is used by one worker
 at a time; the batch's queue and results sit behind one lock.
 """
@@ -31,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 
 from compiler.artifact import Artifact
 from protos import agent_pb2, agent_pb2_grpc, common_pb2, tracker_pb2
@@ -69,8 +73,21 @@ class PoolConfig:
     tls: TlsFiles | None = None
 
 
-class _NoDevice(Exception):
-    pass
+class NoDeviceError(Exception):
+    """No lease could be had for the pool's key: the message says why."""
+
+
+_NoDevice = NoDeviceError
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """One Run of an entry: its status, the OUTPUT arrays in arg order, the error, the device."""
+
+    status: Status
+    outputs: tuple[np.ndarray, ...]
+    error: str
+    device_id: str
 
 
 class _Batch:
@@ -189,6 +206,86 @@ class PoolRunner:
         out = [r for r in batch.results if r is not None]
         assert len(out) == len(artifacts)
         return out
+
+    def device_tags(self) -> tuple[str, dict[str, str]]:
+        """The id and tags of the device `run_entry` and `measure_entry` use (leased if needed).
+
+        Raises:
+            NoDeviceError: no device could be leased.
+        """
+        lease = self._one_lease()
+        return lease.device.device_id, dict(lease.device.tags)
+
+    def run_entry(
+        self, art: Artifact, symbol: str, inputs: Sequence[np.ndarray], timeout_s: float = 60.0
+    ) -> RunOutput:
+        """Run `symbol` of `art` once on the leased device with `inputs` (in INPUT arg order).
+
+        Raises:
+            NoDeviceError: no device could be leased.
+        """
+        lease = self._one_lease()
+        device = lease.device
+        failed = self._ensure_uploaded(lease, art)
+        if failed is not None:
+            return RunOutput(failed.status, (), failed.error, device.device_id)
+        req = agent_pb2.RunRequest(
+            device_id=device.device_id,
+            lease_id=lease.lease_id,
+            lease_token=lease.token,
+            artifact_sha256=art.sha256,
+            symbol=symbol,
+            inputs=[_ndarray_pb(a) for a in inputs],
+            timeout_s=timeout_s,
+        )
+        try:
+            msg = self._agent(device.agent_address).Run(
+                req, timeout=timeout_s + MEASURE_RPC_SLACK_S, metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            status = Status.DEVICE_LOST if _is_gone(exc) else Status.RUNTIME_ERROR
+            error = f"run on {device.agent_address}: {_describe(exc)}"
+            return RunOutput(status, (), error, device.device_id)
+        name = (
+            common_pb2.Status.Name(msg.status) if msg.status in common_pb2.Status.values() else ""
+        )
+        try:
+            status = Status(name)
+        except ValueError:
+            return RunOutput(Status.RUNTIME_ERROR, (), f"agent sent status {msg.status}", "")
+        outputs = tuple(_ndarray(o) for o in msg.outputs)
+        return RunOutput(status, outputs, msg.error, device.device_id)
+
+    def measure_entry(self, art: Artifact, symbol: str) -> MeasureResult:
+        """Time `symbol` of `art` on the leased device (inputs made there) with `evaluator`.
+
+        Raises:
+            NoDeviceError: no device could be leased.
+        """
+        lease = self._one_lease()
+        failed = self._ensure_uploaded(lease, art)
+        if failed is not None:
+            return failed
+        msg, failed = self._measure_rpc(lease, art, symbol)
+        if msg is None:
+            assert failed is not None
+            return failed
+        return serde.measure_result(msg)
+
+    def _one_lease(self) -> tracker_pb2.Lease:
+        if not self._leases:
+            self._leases.append(self._acquire(self.pool.acquire_timeout_s))
+        lease = self._fresh(self._leases[0])
+        if lease is None:
+            self._leases.pop(0)
+            raise NoDeviceError(f"the lease on key={self.pool.key!r} ended")
+        self._leases[0] = lease
+        return lease
+
+    def _ensure_uploaded(self, lease: tracker_pb2.Lease, art: Artifact) -> MeasureResult | None:
+        if (lease.device.agent_address, art.sha256) in self._held:
+            return None
+        return self._upload(lease, art, ask_first=True)
 
     def close(self) -> None:
         """Release every lease and close every channel."""
@@ -382,7 +479,7 @@ class PoolRunner:
         return None
 
     def _measure_rpc(
-        self, lease: tracker_pb2.Lease, art: Artifact
+        self, lease: tracker_pb2.Lease, art: Artifact, symbol: str = ""
     ) -> tuple[common_pb2.MeasureResult | None, MeasureResult | None]:
         """(the agent's answer, None) or (None, the failure when the call itself failed)."""
         device = lease.device
@@ -391,7 +488,7 @@ class PoolRunner:
             lease_id=lease.lease_id,
             lease_token=lease.token,
             artifact_sha256=art.sha256,
-            symbol=art.entries[0].symbol,
+            symbol=symbol or art.entries[0].symbol,
             seed=0,
             config=serde.evaluator_config(self.evaluator),
         )
@@ -415,6 +512,18 @@ def _chunks(art: Artifact) -> Iterator[agent_pb2.UploadChunk]:
     yield agent_pb2.UploadChunk(meta=meta, data=data[:UPLOAD_CHUNK_BYTES])
     for start in range(UPLOAD_CHUNK_BYTES, len(data), UPLOAD_CHUNK_BYTES):
         yield agent_pb2.UploadChunk(data=data[start : start + UPLOAD_CHUNK_BYTES])
+
+
+def _ndarray_pb(array: np.ndarray) -> common_pb2.NDArray:
+    a = np.ascontiguousarray(array)
+    data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    return common_pb2.NDArray(shape=list(a.shape), dtype=a.dtype.name, data=data)
+
+
+def _ndarray(msg: common_pb2.NDArray) -> np.ndarray:
+    dtype = np.dtype(msg.dtype).newbyteorder("<")
+    flat = np.frombuffer(msg.data, dtype=dtype)
+    return flat.reshape(tuple(msg.shape)).astype(dtype.newbyteorder("="))
 
 
 def _is_gone(exc: grpc.RpcError) -> bool:
