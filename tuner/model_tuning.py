@@ -42,7 +42,7 @@ from tuner.runner.base import Runner
 from tuner.search import Searcher
 from tuner.task import Task
 from tuner.task_scheduler import Allocation, SchedTask, ScheduleResult, TaskScheduler
-from tuner.tune import TuneProgress, _resumable, _run_batch, target_name
+from tuner.tune import TuneProgress, resumable_records, run_batch, target_name
 
 _LOG = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class _TaskRun:
         """Tell the searcher this task's earlier records; returns how many there were."""
         if self.store is None:
             return 0
-        prior = _resumable(self.mt.task, self.store.load(self.mt.task.workload, self.target))
+        prior = resumable_records(self.mt.task, self.store.load(self.mt.task.workload, self.target))
         prior = [r for r in prior if self.mt.fits(r.config_index)]
         if prior:
             self.searcher.tell([r.config_index for r in prior], [r.result for r in prior])
@@ -212,7 +212,7 @@ class _TaskRun:
         indices = [i for i in dict.fromkeys(asked) if i not in self.measured]
         if not indices:
             return []
-        results = _run_batch(task, self.builder, self.runner, indices, self.progress)
+        results = run_batch(task, self.builder, self.runner, indices, self.progress)
         stamp = rec.now_iso()
         size = len(task.space)
         batch = [

@@ -125,7 +125,7 @@ def _normal(knobs: dict[str, object]) -> object:
     return json.loads(json.dumps(knobs, sort_keys=True))
 
 
-def _resumable(task: Task, records: Sequence[rec.Record]) -> list[rec.Record]:
+def resumable_records(task: Task, records: Sequence[rec.Record]) -> list[rec.Record]:
     """One record per config index of today's space: the best of each, in first-seen order.
 
     Records of a space of another size, or whose knobs are not today's knobs of their index, are
@@ -153,9 +153,11 @@ def _resumable(task: Task, records: Sequence[rec.Record]) -> list[rec.Record]:
     return list(chosen.values())
 
 
-def _run_batch(
+def run_batch(
     task: Task, builder: Builder, runner: Runner, indices: Sequence[int], progress: TuneProgress
 ) -> list[MeasureResult]:
+    """Build and measure `indices`; one result per index (a failed build is a BUILD_ERROR
+    result), with the time spent added to `progress`. Shared by `tune` and model tuning."""
     t0 = time.monotonic()
     built: list[BuildResult] = builder.build(task.workload, indices)
     t1 = time.monotonic()
@@ -276,7 +278,7 @@ def _tune(
         progress.model_s = float(getattr(searcher, "model_seconds", 0.0)) - model_s0
 
     if resume and store is not None:
-        prior = _resumable(task, store.load(task.workload, target))
+        prior = resumable_records(task, store.load(task.workload, target))
         if prior:
             t0 = time.monotonic()
             searcher.tell([r.config_index for r in prior], [r.result for r in prior])
@@ -303,7 +305,7 @@ def _tune(
         if not indices:
             progress.stop_reason = "the config space is exhausted"
             break
-        results = _run_batch(task, builder, runner, indices, progress)
+        results = run_batch(task, builder, runner, indices, progress)
         stamp = rec.now_iso()
         batch = [
             rec.Record(task.workload, target, i, task.knobs(i), r, task.flop, stamp, space_size)
