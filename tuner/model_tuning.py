@@ -13,9 +13,9 @@ model builder refuses any other.
 
 Resume: each task's earlier records in the store (same workload and target, today's config
 space) are told to its searcher before the run, never measured again, and count toward
-`total_trials`. The scheduler itself sees only this run's batches (it takes no history), so
-after a resume it re-learns each task's curve from one warm-up batch; the estimated latency,
-the per-task bests and trial counts include the resumed records.
+`total_trials`. The scheduler starts from each resumed task's trials and best (its `prior`), so
+a resumed task gets no second warm-up batch; the estimated latency, the per-task bests and trial
+counts include the resumed records.
 
 The estimated model latency is `sum(weight * best latency)` over the tunable tasks (infinite
 while one has no working candidate); `ModelTuneResult.curve` holds it after every batch.
@@ -334,6 +334,14 @@ def tune_model(
         seed=seed,
         early_stop_per_task=early_stop_per_task,
         on_batch=step,
+        prior={
+            run.mt.name: (
+                run.progress.resumed,
+                run.progress.best.result.median_s if run.progress.best is not None else None,
+            )
+            for run in runs
+            if run.progress.resumed
+        },
     ).run()
     outcomes = {o.name: o for o in schedule.tasks}
     reports = [

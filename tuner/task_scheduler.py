@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -209,6 +209,9 @@ class TaskScheduler:
         max_failed_batches: retire a task whose last this-many batches measured nothing working.
         objective: the model latency from the tasks' latencies (default `weighted_latency`).
         on_batch: called with each `Allocation` as it is made.
+        prior: per task name, (trials, best seconds or None) done before this run (a resumed
+            tuning run): such a task needs no warm-up batch and its gradient starts from there.
+            Prior trials do not count against `total_trials`.
 
     Raises:
         ValueError: on a bad argument, naming it.
@@ -230,6 +233,7 @@ class TaskScheduler:
         max_failed_batches: int = 2,
         objective: Objective | None = None,
         on_batch: Callable[[Allocation], None] | None = None,
+        prior: Mapping[str, tuple[int, float | None]] | None = None,
     ) -> None:
         names = [t.name for t in tasks]
         if len(set(names)) != len(names):
@@ -263,10 +267,24 @@ class TaskScheduler:
         self.max_failed_batches = max_failed_batches
         self.objective: Objective = objective or weighted_latency
         self.on_batch = on_batch
+        unknown = sorted(set(prior or {}) - set(names))
+        if unknown:
+            raise ValueError(f"prior names unknown tasks: {unknown}")
+        self.prior = dict(prior or {})
+
+    def _initial(self, task: SchedTask) -> _State:
+        state = _State(task)
+        trials, best = self.prior.get(task.name, (0, None))
+        if trials > 0:
+            state.trials = state.improved_at = trials
+            if best is not None and math.isfinite(best) and best > 0:
+                state.best_s = best
+            state.history.append((trials, state.best_s))
+        return state
 
     def run(self) -> ScheduleResult:
         """Hand out the budget; returns what each task got and how the objective fell."""
-        states = [_State(t) for t in self.tasks]
+        states = [self._initial(t) for t in self.tasks]
         rng = random.Random(self.seed)
         allocations: list[Allocation] = []
         curve: list[tuple[int, float]] = []

@@ -246,6 +246,8 @@ def test_resume_tells_earlier_records_and_counts_them(graph: Graph, tmp_path: Pa
         assert resumed and spy.told[: len(resumed)] == resumed  # told before any new batch
         assert not set(spy.asked) & set(resumed)  # and never measured again
     assert second.estimated_s <= first.estimated_s
+    # The scheduler starts from the resumed history: no task gets a second warm-up batch.
+    assert "warmup" not in {a.reason for a in second.schedule.allocations}
 
 
 def test_a_task_that_always_fails_is_retired_and_reported(graph: Graph) -> None:

@@ -106,6 +106,25 @@ def test_warmup_gives_every_task_one_batch_before_any_second() -> None:
     assert {a.reason for a in result.allocations[len(tasks) :]} <= {"gradient", "random"}
 
 
+def test_prior_history_skips_the_warmup_and_steers_the_first_picks() -> None:
+    """A resumed run: tasks with earlier trials get no warm-up batch, and a task already at
+    its floor after many trials gets nothing before the others."""
+    tasks = [
+        task("done", 1, 5e-3, 1e-3, 20.0, 1),
+        task("fresh", 1, 5e-3, 1e-3, 20.0, 2),
+        task("started", 1, 5e-3, 1e-3, 20.0, 3),
+    ]
+    prior = {"done": (400, 1e-3), "started": (16, 3e-3)}
+    result = TaskScheduler(tasks, 48, BATCH, epsilon=0.0, prior=prior).run()
+    assert result.allocations[0].task == "fresh" and result.allocations[0].reason == "warmup"
+    assert {a.reason for a in result.allocations[1:]} == {"gradient"}
+    assert "done" not in {a.task for a in result.allocations}
+    assert result.trials["done"] == 400  # prior trials are reported, not charged to the budget
+    assert sum(a.trials for a in result.allocations) == 48
+    with pytest.raises(ValueError, match="unknown tasks"):
+        TaskScheduler(tasks, 8, BATCH, prior={"nope": (1, None)})
+
+
 def test_heavy_improvable_task_gets_more_than_light_or_converged_ones() -> None:
     tasks = [
         task("heavy_improvable", 10, 10e-3, 1e-3, 200.0, 1),
