@@ -174,6 +174,8 @@ def report(result: ModelTuneResult) -> str:
         f"estimated latency: {_ms(result.estimated_s)} ms (sum of weight x best over "
         f"{len(result.tasks)} tasks) after {result.trials} trials on {result.target}"
     )
+    if result.schedule.stop_reason not in ("", "budget"):
+        lines.append(f"stopped before the budget: {result.schedule.stop_reason}")
     return "\n".join(lines)
 
 

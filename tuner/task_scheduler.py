@@ -117,6 +117,7 @@ class ScheduleResult:
     total_trials: int
     objective_curve: list[tuple[int, float]]
     allocations: list[Allocation]
+    stop_reason: str = ""  # "budget", "no live task", or why the rest was not worth tuning
 
     @property
     def trials(self) -> dict[str, int]:
@@ -212,6 +213,9 @@ class TaskScheduler:
         prior: per task name, (trials, best seconds or None) done before this run (a resumed
             tuning run): such a task needs no warm-up batch and its gradient starts from there.
             Prior trials do not count against `total_trials`.
+        min_share: (gradient, default objective) stop once the tasks still live make up less
+            than this share of the estimated model latency: when every heavy task is exhausted
+            or stopped, spending the rest of the budget on a 0.1% task gains nothing.
 
     Raises:
         ValueError: on a bad argument, naming it.
@@ -234,6 +238,7 @@ class TaskScheduler:
         objective: Objective | None = None,
         on_batch: Callable[[Allocation], None] | None = None,
         prior: Mapping[str, tuple[int, float | None]] | None = None,
+        min_share: float = 0.01,
     ) -> None:
         names = [t.name for t in tasks]
         if len(set(names)) != len(names):
@@ -271,6 +276,9 @@ class TaskScheduler:
         if unknown:
             raise ValueError(f"prior names unknown tasks: {unknown}")
         self.prior = dict(prior or {})
+        if not 0 <= min_share < 1:
+            raise ValueError(f"min_share {min_share} must lie in [0, 1)")
+        self.min_share = min_share
 
     def _initial(self, task: SchedTask) -> _State:
         state = _State(task)
@@ -290,11 +298,17 @@ class TaskScheduler:
         curve: list[tuple[int, float]] = []
         used = 0
         next_rr = 0
+        stop = "budget"
         while used < self.total_trials:
             live = [i for i, s in enumerate(states) if s.live]
             if not live:
+                stop = "no live task"
                 break
             unwarmed = [i for i in live if not states[i].history]
+            share = self._live_share(states, live)
+            if not unwarmed and share < self.min_share:
+                stop = f"the live tasks are {share:.2%} of the estimated latency"
+                break
             if self.strategy == "round_robin":
                 index = min((i for i in live if i >= next_rr), default=live[0])
                 next_rr, reason = index + 1, "round_robin"
@@ -319,7 +333,16 @@ class TaskScheduler:
             )
             for s in states
         ]
-        return ScheduleResult(outcomes, used, curve, allocations)
+        return ScheduleResult(outcomes, used, curve, allocations, stop)
+
+    def _live_share(self, states: Sequence[_State], live: Sequence[int]) -> float:
+        """The live tasks' part of the weighted latency (1 when it cannot be told yet)."""
+        if self.strategy != "gradient" or self.objective is not weighted_latency:
+            return 1.0
+        parts = [s.task.weight * s.best_s for s in states]
+        if not all(math.isfinite(p) for p in parts) or sum(parts) <= 0:
+            return 1.0
+        return math.fsum(parts[i] for i in live) / math.fsum(parts)
 
     def _pick(self, states: list[_State], live: list[int], rng: random.Random) -> tuple[int, str]:
         unmeasured = [i for i in live if not math.isfinite(states[i].best_s)]

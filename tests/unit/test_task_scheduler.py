@@ -125,6 +125,20 @@ def test_prior_history_skips_the_warmup_and_steers_the_first_picks() -> None:
         TaskScheduler(tasks, 8, BATCH, prior={"nope": (1, None)})
 
 
+def test_stops_when_only_negligible_tasks_are_left() -> None:
+    """The heavy tasks' spaces run out; the budget is not spent on a 0.1% task."""
+    tasks = [
+        task("heavy", 10, 10e-3, 1e-3, 20.0, 1, space=24),
+        task("heavy2", 10, 10e-3, 1e-3, 20.0, 2, space=24),
+        task("tiny", 1, 2e-5, 1e-5, 20.0, 3),
+    ]
+    result = TaskScheduler(tasks, 2000, BATCH, epsilon=0.0).run()
+    assert result.trials["heavy"] == 24 and result.trials["heavy2"] == 24
+    assert result.total_trials < 100 and "of the estimated latency" in result.stop_reason
+    kept = TaskScheduler(tasks_copy(tasks), 2000, BATCH, epsilon=0.0, min_share=0.0).run()
+    assert kept.total_trials == 2000 and kept.stop_reason == "budget"
+
+
 def test_heavy_improvable_task_gets_more_than_light_or_converged_ones() -> None:
     tasks = [
         task("heavy_improvable", 10, 10e-3, 1e-3, 200.0, 1),
