@@ -51,6 +51,10 @@ def tracker_refuses(stderr: str) -> bool:
     return False
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
@@ -68,6 +72,9 @@ def test_a_stopped_run_resumes_without_remeasuring_and_ends_at_the_budget(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell's background job inherits SIGINT ignored, and Python keeps an ignored SIGINT
+        # ignored: give the child the default so this test does not depend on how pytest runs.
+        preexec_fn=_default_sigint,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
