@@ -50,3 +50,13 @@ def test_shapes_are_checked_by_the_template_behind_an_alias(
     assert "conv2d_nchwc workload is (N, IC, H, W, OC, KH, KW, stride, pad, epilogue)" in err
     assert "(conv2d is conv2d_nchwc)" in err
     assert "dense workload is (M, N, K)" in refused(capsys, "tune-op", "dense", "--shape", "8,8")
+
+
+def test_kiln_tune_retires_stalled_tasks_by_default() -> None:
+    """Model tuning stops feeding a task that has not improved in 200 trials, unless told."""
+    from tuner.model_cli import MODEL_EARLY_STOP
+
+    parser = cli.build_parser()
+    assert parser.parse_args(["tune", "m.onnx"]).early_stop == MODEL_EARLY_STOP == 200
+    assert parser.parse_args(["tune", "m.onnx", "--early-stop", "50"]).early_stop == 50
+    assert parser.parse_args(["tune-op", "dense", "--shape", "8,8,8"]).early_stop is None
