@@ -61,6 +61,16 @@ def build(
     return build_many([Kernel(sch, args, symbol, flop)], target)
 
 
+def kernel_entry(k: Kernel) -> Entry:
+    """The artifact entry of kernel `k`: its symbol, timing symbol, arg specs (placeholders are
+    inputs, computed tensors outputs) and FLOP count."""
+    args = tuple(
+        ArgSpec(t.name, t.shape, t.dtype, "input" if isinstance(t.op, PlaceholderOp) else "output")
+        for t in k.args
+    )
+    return Entry(k.symbol, timing_symbol(k.symbol), args, float(k.flop))
+
+
 def build_many(kernels: Sequence[Kernel], target: Target | str = "host") -> Artifact:
     """One shared-object Artifact with one entry per kernel, compiled as one translation unit.
 
@@ -77,22 +87,6 @@ def build_many(kernels: Sequence[Kernel], target: Target | str = "host") -> Arti
     _LOG.debug(
         "built %s for %s (%s)", symbols, tgt.name, "cached" if shared.cache_hit else "compiled"
     )
-    entries = tuple(
-        Entry(
-            k.symbol,
-            timing_symbol(k.symbol),
-            tuple(
-                ArgSpec(
-                    t.name,
-                    t.shape,
-                    t.dtype,
-                    "input" if isinstance(t.op, PlaceholderOp) else "output",
-                )
-                for t in k.args
-            ),
-            float(k.flop),
-        )
-        for k in kernels
-    )
+    entries = tuple(kernel_entry(k) for k in kernels)
     digest = hashlib.sha256(shared.data).hexdigest()
     return Artifact(shared.data, digest, "shared_object", tgt.name, entries)

@@ -36,14 +36,13 @@ from pathlib import Path
 import numpy as np
 
 from compiler.artifact import ArgSpec, Artifact, Entry
-from compiler.build import build_source_many
+from compiler.build import build_source_many, kernel_entry
 from compiler.codegen.timing import TIMING_PRELUDE, render_timing, timing_symbol
 from compiler.graph import passes as P
 from compiler.graph.ir import Graph, GraphError
 from compiler.graph.model_kernels import Configs, Step, lower_model, steps_graph
 from compiler.graph.passes.memory_plan import MemoryPlan
 from compiler.graph.tasks import TaskSpec, extract_tasks
-from compiler.te.tensor import PlaceholderOp
 from compiler.toolchain import cache_dir, compile_shared, get_target
 
 ENTRY = "kiln_model_run"
@@ -344,23 +343,7 @@ def build_model(
         ]
     )
     shared = compile_shared(source, tgt)
-    entries = tuple(
-        Entry(
-            k.symbol,
-            timing_symbol(k.symbol),
-            tuple(
-                ArgSpec(
-                    t.name,
-                    t.shape,
-                    t.dtype,
-                    "input" if isinstance(t.op, PlaceholderOp) else "output",
-                )
-                for t in k.args
-            ),
-            float(k.flop),
-        )
-        for k in kernels
-    )
+    entries = tuple(kernel_entry(k) for k in kernels)
     g = plan.graph
     inputs, outputs = _specs(g, g.inputs), _specs(g, g.outputs)
     model_entry = Entry(
