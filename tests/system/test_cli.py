@@ -9,21 +9,12 @@ import time
 from pathlib import Path
 
 import grpc
+from kiln_cli import kiln
 
 from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
 from protos.auth import Role, call_metadata, write_secrets
 from tuner import records as rec
 from tuner.local_pool import LocalPool
-
-
-def kiln(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def test_tune_op_on_an_embedded_pool_writes_every_record(tmp_path: Path) -> None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from kiln_cli import kiln
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.graph.build_model import ModelArtifact
@@ -24,16 +23,6 @@ from tuner import records as rec
 
 SMALL = ("--min-repeat-ms", "1", "--repeat", "2", "--build-workers", "1")
 UNIT_TESTS = Path(__file__).resolve().parents[1] / "unit"
-
-
-def kiln(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def tiny_model() -> onnx.ModelProto:

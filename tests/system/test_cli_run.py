@@ -8,10 +8,10 @@ agent through the packed `kiln_model` entry with its params embedded in the shar
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import kiln_cli
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -19,14 +19,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 
-def kiln(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+def kiln(*args: str) -> subprocess.CompletedProcess[str]:
+    return kiln_cli.kiln(*args, timeout=120)
 
 
 def tiny_model() -> onnx.ModelProto:

@@ -15,25 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from kiln_cli import kiln
 
 from tracker.testing import RedisServer
 from tuner import records as rec
 from tuner.records_redis import RedisRecords
 
 SMALL = ("--min-repeat-ms", "1", "--repeat", "2", "--build-workers", "1")
-
-
-def kiln(
-    *args: str, timeout: float = 240, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
 
 
 def lines_of(path: Path) -> int:
