@@ -188,6 +188,8 @@ _BINARY: tuple[tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray], str | 
     ("mul", np.multiply, "multiply"),
     ("div", _div, None),
     ("pow", np.power, None),
+    ("maximum", np.maximum, None),  # beyond the shared contract: ONNX Max / Min
+    ("minimum", np.minimum, None),
 )
 
 for _name, _bfn, _template in _BINARY:
@@ -234,18 +236,6 @@ _param_unary(
     "max(0, min(1, alpha * x + beta))",
 )
 _param_unary("gelu", _gelu, "x * Phi(x); approximate='tanh' uses the tanh form")
-
-for _name, _bfn in (("maximum", np.maximum), ("minimum", np.minimum)):
-    register(
-        OpDef(
-            _name,
-            Category.INJECTIVE,
-            _binary_infer(_name),
-            _binary_reference(_bfn),
-            layout=_binary_layout,
-            doc=f"elementwise {_name} with numpy broadcasting",
-        )
-    )
 
 
 def _compare_infer(op: str) -> Callable[..., list[TensorType]]:
