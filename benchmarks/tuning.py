@@ -99,11 +99,7 @@ def random_searcher(task: Task, seed: int) -> Searcher:
 
 
 def valid_fn(task: Task) -> Callable[[int], bool]:
-    t = task.template
-    check = getattr(t, "worth_measuring", None)
-    if check is None:
-        return lambda i: True
-    return lambda i: bool(check(task.workload.shape, task.space.get(i), "host"))
+    return lambda i: task.worth_measuring(i, "host")
 
 
 class Table:

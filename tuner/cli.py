@@ -309,15 +309,15 @@ def make_searcher(
     """
     if name not in TUNERS:
         raise UsageError(f"--tuner must be one of {', '.join(TUNERS)}, got {name!r}")
-    shape, space = task.workload.shape, task.space
-    worth_measuring = getattr(task.template, "worth_measuring", None)
-    valid: Callable[[int], bool] | None = constraint
-    if worth_measuring is not None:
+    space = task.space
 
-        def valid(index: int) -> bool:
-            if constraint is not None and not constraint(index):
-                return False
-            return bool(worth_measuring(shape, space.get(index), target))
+    def plausible(index: int) -> bool:
+        if constraint is not None and not constraint(index):
+            return False
+        return task.worth_measuring(index, target)
+
+    checked = constraint is not None or hasattr(task.template, "worth_measuring")
+    valid: Callable[[int], bool] | None = plausible if checked else None
 
     if name == "random":
         return RandomSearch(len(space), seed=seed, valid=valid)

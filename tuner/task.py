@@ -28,6 +28,16 @@ class Task:
     def flop(self) -> float:
         return float(self.template.flop(self.workload.shape))
 
+    def worth_measuring(self, index: int, target: str = "host") -> bool:
+        """Whether config `index` is plausible on `target` (the template's register-tile check;
+        True for templates without one)."""
+        check = getattr(self.template, "worth_measuring", None)
+        return (
+            True
+            if check is None
+            else bool(check(self.workload.shape, self.space.get(index), target))
+        )
+
     def knobs(self, index: int) -> dict[str, Any]:
         """The knob values of config `index`, as plain JSON-able values."""
         return dict(self.space.get(index).items())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.ops.base import OpTemplate
 from tuner.features import LOOP_FEATURE_LENGTH
 from tuner.measure import MeasureResult, Status
 from tuner.model_search import ModelSearcher
@@ -54,9 +53,7 @@ def test_transfer_model_guides_the_first_batch_of_another_workload() -> None:
     measured = [r.config_index for r in own]
 
     def valid(i: int) -> bool:
-        template = task.template
-        assert isinstance(template, OpTemplate)
-        return template.worth_measuring(task.workload.shape, task.space.get(i))
+        return task.worth_measuring(i)
 
     score = model.scorer(task)
     s = ModelSearcher(
