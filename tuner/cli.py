@@ -26,7 +26,7 @@ import numpy as np
 
 from compiler.toolchain import BuildError, get_target
 from protos.auth import SecretsError, TlsFiles
-from tuner import devices_view, model_cli, models_cli, peer, records_cli, table
+from tuner import devices_view, model_cli, model_demo, models_cli, peer, records_cli, table
 from tuner.builder import LocalBuilder
 from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig
@@ -37,7 +37,7 @@ from tuner.runner.pool import PoolConfig, PoolRunner
 from tuner.search import RandomSearch, Searcher
 from tuner.task import Task
 from tuner.tracker_client import read_client_token
-from tuner.tune import TuneProgress, TuningError, target_name, tune
+from tuner.tune import CONFIRM_TOP, TuneProgress, TuningError, target_name, tune
 
 # index array -> scores; tuner.model_search.TransferScore, named here without importing xgboost
 TransferScore = Callable[[np.ndarray], np.ndarray]
@@ -60,6 +60,8 @@ def _raise_terminated(signum: int, frame: object) -> None:
 # Short names for templates whose registered names carry their layout.
 OP_ALIASES = {"conv2d": "conv2d_nchwc", "conv2d_1x1": "conv2d_1x1_nchwc"}
 TUNERS = ("xgb", "random")
+DEMO_MODEL_TRIALS = 256  # ResNet-18 in a few minutes on a 2-core machine
+DEMO_SGEMM_TRIALS = 64
 
 
 def _checked_task(workload: Workload) -> Task:
@@ -140,11 +142,23 @@ def build_parser() -> argparse.ArgumentParser:
     model_cli.add_parser(sub)
 
     demo = sub.add_parser(
-        "demo", help="start a local pool, tune sgemm (dense, packed B), print a table"
+        "demo",
+        help="start a local pool, tune a model (ResNet-18), build it, check and time it against "
+        "onnxruntime; --sgemm: tune one sgemm instead",
     )
-    demo.add_argument("--shape", type=_shape, default=(512, 512, 512))
+    model_demo.add_arguments(demo)
+    demo.add_argument(
+        "--sgemm", action="store_true", help="tune one sgemm (dense, packed B) of --shape instead"
+    )
+    demo.add_argument("--shape", type=_shape, default=(512, 512, 512), help="M,N,K for --sgemm")
     _add_tuning_args(demo, remote=False)
-    demo.set_defaults(trials=64)
+    demo.set_defaults(trials=None, devices=1)
+    for action in demo._actions:
+        if action.dest == "trials":
+            action.help = (
+                f"trial budget (default {DEMO_MODEL_TRIALS} for the model, "
+                f"{DEMO_SGEMM_TRIALS} with --sgemm)"
+            )
     return parser
 
 
@@ -207,6 +221,14 @@ def _add_tuning_args(p: argparse.ArgumentParser, remote: bool) -> None:
         default=None,
         metavar="N",
         help="stop after N trials without a better candidate",
+    )
+    p.add_argument(
+        "--confirm",
+        type=int,
+        default=CONFIRM_TOP,
+        metavar="K",
+        help=f"measure the K fastest configs again at the end and keep the one that holds its "
+        f"speed (default {CONFIRM_TOP}; 0: off)",
     )
     p.add_argument(
         "--records",
@@ -343,6 +365,8 @@ def _check_tuning_args(args: argparse.Namespace) -> None:
     for flag in ("devices", "per_unit", "build_workers"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.confirm < 0:
+        raise UsageError(f"--confirm must be >= 0, got {args.confirm}")
     if args.early_stop is not None and args.early_stop < 1:
         raise UsageError(f"--early-stop must be >= 1, got {args.early_stop}")
     if args.resume and not args.records:
@@ -425,6 +449,7 @@ def _run_tuning(
             resume=args.resume,
             early_stop=args.early_stop,
             on_batch=bar,
+            confirm=args.confirm,
         )
     except KeyboardInterrupt:
         bar.close()
@@ -507,6 +532,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.trials is None:
+        args.trials = DEMO_SGEMM_TRIALS if args.sgemm else DEMO_MODEL_TRIALS
+    if not args.sgemm:
+        return model_demo.cmd_model_demo(args)
     m, n, k = args.shape
     task = _checked_task(Workload("dense", (m, n, k)))
     _check_tuning_args(args)

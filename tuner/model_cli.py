@@ -217,6 +217,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 target=args.target,
                 seed=args.seed,
                 early_stop_per_task=args.early_stop,
+                confirm=args.confirm,
                 on_batch=_progress,
                 resume=args.resume,
                 searcher_factory=_searcher_factory(args, store),

@@ -42,7 +42,7 @@ from tuner.runner.base import Runner
 from tuner.search import Searcher
 from tuner.task import Task
 from tuner.task_scheduler import Allocation, SchedTask, ScheduleResult, TaskScheduler
-from tuner.tune import TuneProgress, resumable_records, run_batch, target_name
+from tuner.tune import TuneProgress, confirm_best, resumable_records, run_batch, target_name
 
 _LOG = logging.getLogger(__name__)
 
@@ -63,19 +63,16 @@ class ModelTask:
         return str(self.task.workload)
 
     def fits(self, index: int) -> bool:
-        """Whether config `index` keeps the graph's channel blocks (the builder refuses others)."""
-        return _fits(self.task.space.get(index), self.blocks)
-
-
-def _fits(config: Mapping[str, object], blocks: Mapping[str, int]) -> bool:
-    return all(config[k] == v for k, v in blocks.items() if k in config)
+        """Whether config `index` can be built in this model: every config can, since the
+        builder lays the graph out to the channel blocks a config picks (`config_blocks`)."""
+        return 0 <= index < len(self.task.space)
 
 
 def model_tasks(graph: Graph) -> tuple[list[ModelTask], list[TaskSpec]]:
     """The tunable tasks of `graph` (as `build_model` cuts it) and the specs that are not.
 
-    A spec whose groups disagree on the channel blocks is not tunable either (one config per
-    workload could not fit all of them); its note says so.
+    `blocks` of a task are the default layout's (what the untuned build uses); a tuned config
+    may pick others, and the builder lays the graph out to them.
     """
     fusion = P.fuse(optimize(graph))
     groups = {g.index: g for g in fusion.groups}
@@ -85,18 +82,9 @@ def model_tasks(graph: Graph) -> tuple[list[ModelTask], list[TaskSpec]]:
         if spec.template is None:
             skipped.append(spec)
             continue
-        seen = {
-            tuple(sorted(_blocks(fusion.graph, groups[i].anchor, spec).items()))
-            for i in spec.groups
-        }
-        if len(seen) != 1:
-            note = f"its groups {list(spec.groups)} have different channel blocks {sorted(seen)}"
-            skipped.append(
-                TaskSpec(None, spec.workload, spec.weight, spec.anchor_op, note, spec.groups)
-            )
-            continue
+        blocks = _blocks(fusion.graph, groups[spec.groups[0]].anchor, spec)
         task = Task(rec.Workload(spec.template, spec.workload))
-        tunable.append(ModelTask(spec, task, dict(seen.pop())))
+        tunable.append(ModelTask(spec, task, blocks))
     return tunable, skipped
 
 
@@ -263,6 +251,7 @@ def tune_model(
     resume: bool = False,
     searcher_factory: SearcherFactory | None = None,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    confirm: int = 0,
 ) -> ModelTuneResult:
     """Tune every tunable task of a model within one trial budget (see the module docstring).
 
@@ -279,6 +268,8 @@ def tune_model(
         on_batch: called after every batch with a `ModelTuneStep`.
         resume: continue from the store's records of these tasks on this target.
         searcher_factory: makes each task's searcher (default: `tuner` as `kiln tune-op` does).
+        confirm: at the end, measure each task's `confirm` fastest configs again and keep the
+            one with the fastest upper median (`tuner.tune.confirm_best`).
 
     Raises:
         ValueError: a budget or batch below 1, or resume without a store.
@@ -343,6 +334,9 @@ def tune_model(
             if run.progress.resumed
         },
     ).run()
+    for run in runs:
+        if confirm and run.progress.best is not None:
+            confirm_best(run.mt.task, builder, runner, run.progress, confirm, store)
     outcomes = {o.name: o for o in schedule.tasks}
     reports = [
         TaskReport(
@@ -362,8 +356,8 @@ def tune_model(
 def configs_from_records(graph: Graph, store: RecordStore, target: str) -> dict[TaskKey, Config]:
     """The best recorded config of each tunable task of `graph` on `target`, as `build_model` takes.
 
-    Only records of today's config space (`space_size` checked) whose config keeps the graph's
-    channel blocks count; a task without one is left out, so the builder uses its default.
+    Only records of today's config space (`space_size` checked) count; a task without one is
+    left out, so the builder uses its default.
     """
     configs: dict[TaskKey, Config] = {}
     resolved = target_name(target)

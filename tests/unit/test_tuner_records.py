@@ -70,3 +70,18 @@ def test_best_ignores_failures_other_targets_and_other_workloads() -> None:
 def test_gflops_is_zero_for_failed_candidates() -> None:
     assert make(1, None).gflops == 0.0
     assert make(1, 1e-3).gflops == pytest.approx(2 * 64**3 / 1e-3 / 1e9 / 1.0, rel=0.06)
+
+
+def test_best_judges_a_config_measured_twice_by_its_slower_middle() -> None:
+    def record(index: int, seconds: float) -> rec.Record:
+        result = MeasureResult(Status.OK, (seconds,), device_id="d/0")
+        return rec.Record(WL, "x86_64-avx512", index, {"i": index}, result, 1e9, "t", 10)
+
+    lucky = [record(1, 0.010), record(1, 0.020)]  # one lucky run, then slow
+    steady = [record(2, 0.012), record(2, 0.012)]
+    best = rec.best([*lucky, *steady], WL, "x86_64-avx512")
+    assert best is not None and best.config_index == 2
+    # measured once, a config is its one measurement
+    only = rec.best([lucky[0], steady[0]], WL, "x86_64-avx512")
+    assert only is not None and only.config_index == 1
+    assert rec.settled_time([record(3, s) for s in (0.3, 0.1, 0.2)]).result.median_s == 0.2
