@@ -29,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from compiler.graph import passes as P
 from compiler.graph.ir import Graph, GraphError
 from compiler.graph.model_kernels import Configs, Step, lower_model, steps_graph
 from compiler.graph.passes.memory_plan import MemoryPlan
-from compiler.graph.tasks import TaskSpec, extract_tasks
+from compiler.graph.tasks import TaskSpec, anchor_workload, extract_tasks
 from compiler.toolchain import cache_dir, compile_shared, get_target
 
 ENTRY = "kiln_model_run"
@@ -161,11 +162,36 @@ def _spec_of(v: list) -> TensorSpec:
     return TensorSpec(v[0], tuple(v[1]), v[2])
 
 
-def optimize(graph: Graph) -> Graph:
-    """The inference pass pipeline up to the NCHW[x]c layout."""
+def optimize(graph: Graph, conv_blocks: Mapping[str, tuple[int, int]] | None = None) -> Graph:
+    """The inference pass pipeline up to the NCHW[x]c layout (`conv_blocks`: see `to_nchwc`)."""
     g = P.fold_scale_into_conv(P.fold_batch_norm(graph))
     g = P.fold_constants(P.eliminate_dead_code(P.eliminate_common_subexpressions(g)))
-    return P.to_nchwc(g)
+    return P.to_nchwc(g, conv_blocks=conv_blocks)
+
+
+def config_blocks(fusion: P.FusionPlan, configs: Configs) -> dict[str, tuple[int, int]]:
+    """The (input, output) channel blocks the configs of `fusion`'s convolutions ask for.
+
+    Keyed by conv node name, for `optimize`: a tuned config picks its channel blocks, and the
+    graph is laid out to them (a conv without a name or a config keeps the default blocks).
+    """
+    out: dict[str, tuple[int, int]] = {}
+    names = Counter(n.name for n in fusion.graph.nodes if n.op == "conv2d_nchwc")
+    for group in fusion.groups:
+        anchor = group.anchor
+        if anchor.op != "conv2d_nchwc" or group.nodes[0] is not anchor:
+            continue
+        if not anchor.name or names[anchor.name] > 1:
+            continue  # not named, or not uniquely: it keeps the default blocks
+        aw = anchor_workload(fusion.graph, group)
+        config = configs.get((aw.template, aw.workload)) if aw.template else None
+        if config is None:
+            continue
+        if "c_block" in config:
+            out[anchor.name] = (int(config["c_block"]), int(config["c_block"]))
+        elif "ic_block" in config and "oc_block" in config:
+            out[anchor.name] = (int(config["ic_block"]), int(config["oc_block"]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -182,9 +208,18 @@ class ModelPlan:
 
 
 def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host") -> ModelPlan:
-    """Optimize, fuse, lower to kernel steps and plan the workspace of `graph` (no compiling)."""
+    """Optimize, fuse, lower to kernel steps and plan the workspace of `graph` (no compiling).
+
+    With configs, the graph is laid out a second time with the channel blocks the configs chose
+    (`config_blocks`), when they differ from the default layout's.
+    """
     optimized = optimize(graph)
     fusion = P.fuse(optimized)
+    if configs:
+        blocks = config_blocks(fusion, configs)
+        if any(_blocks_of(fusion, name) != b for name, b in blocks.items()):
+            optimized = optimize(graph, blocks)
+            fusion = P.fuse(optimized)
     steps, values = lower_model(fusion, configs, target)
     kernels = steps_graph(optimized, values, steps)
     memory = P.plan_memory(kernels)
@@ -198,6 +233,13 @@ def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host
         raise GraphError(f"graph outputs repeat: {optimized.outputs}")
     params = list(kernels.constants)
     return ModelPlan(optimized, fusion, steps, values, memory, params, extract_tasks(fusion))
+
+
+def _blocks_of(fusion: P.FusionPlan, conv: str) -> tuple[int, int]:
+    """The (input, output) blocks of conv node `conv` in a laid-out graph."""
+    g = fusion.graph
+    node = next(n for n in g.nodes if n.name == conv and n.op == "conv2d_nchwc")
+    return g.type_of(node.inputs[0]).shape[4], g.type_of(node.outputs[0]).shape[4]
 
 
 def _arg_pointer(plan: ModelPlan, value: str) -> str:

@@ -260,12 +260,52 @@ def test_configs_choose_the_kernel_and_repack_the_weights() -> None:
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max())
 
 
-def test_a_config_with_other_channel_blocks_is_refused() -> None:
+def residual_net() -> onnx.ModelProto:
     n = Net(7)
-    model = n.model({"x": (1, 32, 6, 6)}, [n.conv("x", 32, 32, 3)])
+    x = n.node("Relu", [n.conv("x", 32, 32, 3)])
+    y = n.node("Relu", [n.conv(x, 32, 32, 3)])
+    y = n.node("Relu", [n.node("Add", [n.conv(y, 32, 32, 3), x])])
+    return n.model({"x": (1, 32, 6, 6)}, [n.conv(y, 32, 16, 1)])
+
+
+def test_configs_with_other_channel_blocks_lay_the_graph_out_to_them() -> None:
+    model = residual_net()
     graph = from_onnx(model)
-    (task,) = extract_tasks(P.fuse(plan_model(graph).graph))
-    space = get_template("conv2d_nchwc").config_space(task.workload)
+    default = plan_model(graph)
+    assert {
+        default.graph.type_of(v).shape[-1]
+        for v in default.graph.types
+        if len(default.graph.type_of(v).shape) == 5
+    } == {16}
+    picks = {}  # each task's first config whose blocks are not the default 16s
+    for task in extract_tasks(P.fuse(default.graph)):
+        assert task.template is not None
+        space = get_template(task.template).config_space(task.workload)
+        picks[task.key] = next(
+            space.get(i)
+            for i in range(len(space))
+            if (space.get(i)["ic_block"], space.get(i)["oc_block"]) not in ((16, 16),)
+        )
+    plan = plan_model(graph, picks)
+    chosen = {(s.config["ic_block"], s.config["oc_block"]) for s in plan.steps if s.config}
+    assert chosen == {(c["ic_block"], c["oc_block"]) for c in picks.values()}
+    assert chosen - {(16, 16)}
+    built = build_model(graph, picks)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = feeds_for(sess, 3)
+    want = sess.run(None, feeds)[0]
+    got = ModelRunner(built).run(feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max())
+
+
+def test_convs_that_share_a_name_keep_the_default_blocks() -> None:
+    model = residual_net()
+    for node in model.graph.node:
+        node.name = "same"
+    graph = from_onnx(model)
+    (task, *_) = extract_tasks(P.fuse(plan_model(graph).graph))
+    assert task.template is not None
+    space = get_template(task.template).config_space(task.workload)
     config = next(space.get(i) for i in range(len(space)) if space.get(i)["ic_block"] == 32)
     with pytest.raises(GraphError, match="ic_block=32"):
         build_model(graph, {task.key: config})

@@ -12,7 +12,7 @@ inputs and outputs keep theirs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from compiler.ops.layout import pack_bias, pack_conv_weight, pack_depthwise_weig
 from compiler.ops.util import VECTOR_LANES
 
 BlockFn = Callable[[int], int]
+ConvBlocks = Mapping[str, tuple[int, int]]  # conv node name -> (input block, output block)
 
 ELEMENTWISE = frozenset(
     {"relu", "sigmoid", "tanh", "erf", "sqrt", "exp", "neg", "hard_swish", "identity", "clip"}
@@ -42,9 +43,10 @@ def default_block(channels: int) -> int:
 class _Rewriter:
     """Builds the NCHW[x]c graph, tracking each original value's forms in the new graph."""
 
-    def __init__(self, src: Graph, block: BlockFn) -> None:
+    def __init__(self, src: Graph, block: BlockFn, conv_blocks: ConvBlocks) -> None:
         self.src = src
         self.block = block
+        self.conv_blocks = conv_blocks
         self.g = Graph(src.name)
         self.home: dict[str, str] = {}  # the layout each original value is produced in
         self.forms: dict[str, dict[str, str]] = {}  # original value -> layout -> new name
@@ -151,6 +153,8 @@ class _Rewriter:
             ocb = self.channel_block(oc, f"output of {node_label(node)}")
         else:
             return False  # grouped, not depthwise: stays NCHW
+        if node.name and node.name in self.conv_blocks:
+            icb, ocb = self.chosen_blocks(node, template, ic, oc)
         inputs = [self.value_in(x, blocked(icb)), self.pack(w, "weight", icb, ocb, groups)]
         if len(node.inputs) > 2:
             inputs.append(self.pack(node.inputs[2], "bias", icb, ocb, groups))
@@ -158,6 +162,18 @@ class _Rewriter:
         attrs["template"] = template
         self.carry(node, "conv2d_nchwc", inputs, blocked(ocb), attrs)
         return True
+
+    def chosen_blocks(self, node: Node, template: str, ic: int, oc: int) -> tuple[int, int]:
+        """The (input, output) blocks `conv_blocks` names for a conv, checked against it."""
+        icb, ocb = (int(b) for b in self.conv_blocks[node.name])
+        where = f"to_nchwc: blocks ({icb}, {ocb}) for {node_label(node)}"
+        if icb < 1 or ocb < 1 or ic % icb or oc % ocb:
+            raise GraphError(f"{where} must divide its {ic} input and {oc} output channels")
+        if template == "depthwise_conv2d_nchwc" and icb != ocb:
+            raise GraphError(f"{where}: a depthwise convolution has one channel block")
+        if template == "conv2d_stem_nchwc" and icb != ic:
+            raise GraphError(f"{where}: a stem convolution takes its {ic} channels in one block")
+        return icb, ocb
 
     def pack(self, const: str, role: str, icb: int, ocb: int, groups: int) -> str:
         key = (const, role, icb, ocb if groups == 1 else -ocb)
@@ -217,18 +233,23 @@ def _relayout_constant(value: np.ndarray, channels: int, block: int) -> np.ndarr
     return np.ascontiguousarray(four.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
 
 
-def to_nchwc(graph: Graph, block: BlockFn = default_block) -> Graph:
+def to_nchwc(
+    graph: Graph, block: BlockFn = default_block, conv_blocks: ConvBlocks | None = None
+) -> Graph:
     """A new graph computing `graph`'s outputs with convolutions in NCHW[x]c.
 
     `block(channels)` picks the channel block of every blocked value (it must divide channels);
     a stem convolution (few input channels) takes all its input channels in one block.
+    `conv_blocks` overrides the (input, output) blocks of the convolutions it names (by node
+    name): a tuned config's blocks. A conv's input is converted to its block where its producer
+    made another (ops between convs follow their input's block).
 
     Guarantees: the same inputs and outputs (names, types, values up to float rounding);
     transforms only at boundaries (see the module docstring), each value converted at most once
     per layout; constants never need a transform (they are converted at compile time); the
     NCHW weights are dropped once nothing reads them. `graph` itself is not modified.
     """
-    rw = _Rewriter(graph, block)
+    rw = _Rewriter(graph, block, conv_blocks or {})
     for node in graph.nodes:
         rw.visit(node)
     rw.g.outputs = [rw.value_in(v, NCHW) for v in graph.outputs]
