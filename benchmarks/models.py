@@ -53,12 +53,18 @@ import onnx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from benchmarks.model_runner import NativeModel, OrtPeer, loop_seconds  # noqa: E402
 from compiler import models  # noqa: E402
 from compiler.frontend.onnx import from_onnx  # noqa: E402
 from compiler.graph.build_model import ModelArtifact, build_model, plan_model  # noqa: E402
 from compiler.graph.ir import Graph  # noqa: E402
 from compiler.toolchain import CACHE_ENV  # noqa: E402
+from tuner.model_timing import (  # noqa: E402
+    NativeModel,
+    OrtPeer,
+    loop_seconds,
+    output_mismatch,
+    seeded_feeds,
+)
 
 MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
 FINAL_KEYS = {"resnet18": "resnet18", "mobilenet_v2": "mobilenetv2", "bert_tiny": "bert_tiny"}
@@ -104,15 +110,7 @@ def onnx_model(name: str, image: int, seq: int) -> onnx.ModelProto:
 
 def feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
     """Seeded inputs: token ids below the vocabulary for int64 inputs, N(0, 1) for floats."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for value in model.graph.input:
-        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
-            out[value.name] = rng.integers(0, models.BERT_VOCAB, shape, dtype=np.int64)
-        else:
-            out[value.name] = rng.standard_normal(shape, dtype=np.float32)
-    return out
+    return seeded_feeds(model, seed, models.BERT_VOCAB)
 
 
 def configs_from_records() -> ConfigsFromRecords | None:
@@ -136,15 +134,9 @@ def workspace_bound(artifact: ModelArtifact, graph: Graph, configs: Any) -> tupl
 
 def check(name: str, label: str, ours: list[np.ndarray], ref: list[np.ndarray]) -> None:
     """Raise AssertionError naming the model, build and output unless ours match onnxruntime's."""
-    for i, (got, want) in enumerate(zip(ours, ref, strict=True)):
-        if got.shape != want.shape:
-            raise AssertionError(f"{name} {label}: output {i} shape {got.shape} != {want.shape}")
-        err = float(np.abs(got.astype(np.float64) - want).max())
-        scale = float(np.abs(want).max())
-        if err > RTOL * max(scale, 1e-30):
-            raise AssertionError(
-                f"{name} {label}: output {i} max error {err:.3g} over {RTOL:g} x {scale:.3g}"
-            )
+    why = output_mismatch(ours, ref, RTOL)
+    if why is not None:
+        raise AssertionError(f"{name} {label}: {why}")
 
 
 def build(

@@ -1,4 +1,6 @@
-"""Run a built model natively, and its onnxruntime peer, for `models.py`.
+"""Run a built model natively in this process, and its onnxruntime peer, to compare latencies.
+
+Used by `kiln demo` and `benchmarks/models.py`.
 
 `NativeModel` loads a `ModelArtifact`'s shared object with ctypes, owns its params, a 64-byte
 aligned workspace and output buffers, and calls the C entry `kiln_model_run` (see
@@ -178,6 +180,33 @@ class OrtPeer:
 
     def run(self) -> list[np.ndarray]:
         return [np.asarray(o) for o in self.session.run(None, self.feeds)]
+
+
+def seeded_feeds(model: onnx.ModelProto, seed: int, int_high: int = 2) -> dict[str, np.ndarray]:
+    """Seeded inputs of a model: integers in [0, int_high) for int64 inputs, N(0, 1) for floats."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        if value.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            out[value.name] = rng.integers(0, int_high, shape, dtype=np.int64)
+        else:
+            out[value.name] = rng.standard_normal(shape, dtype=np.float32)
+    return out
+
+
+def output_mismatch(ours: list[np.ndarray], ref: list[np.ndarray], rtol: float) -> str | None:
+    """Why `ours` differ from `ref` (shape, or max abs error over rtol x max |ref|), or None."""
+    for i, (got, want) in enumerate(zip(ours, ref, strict=True)):
+        if got.shape != want.shape:
+            return f"output {i} shape {got.shape} != {want.shape}"
+        if not want.size:
+            continue
+        err = float(np.abs(got.astype(np.float64) - want).max())
+        scale = float(np.abs(want).max())
+        if err > rtol * max(scale, 1e-30):
+            return f"output {i} max error {err:.3g} over {rtol:g} x {scale:.3g}"
+    return None
 
 
 def loop_seconds(call: Callable[[], None], min_round_s: float) -> float:

@@ -73,8 +73,26 @@ def test_tune_op_against_a_running_tracker_and_devices_lists_it(tmp_path: Path) 
         assert "sys-cpu" in table.stdout and "FREE" in table.stdout
 
 
+def test_model_demo_tunes_builds_checks_and_times_against_onnxruntime() -> None:
+    out = kiln("demo", "--model", "resnet18", "--image", "32", "--trials", "16", "--batch", "4")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(
+        line.startswith("estimated latency:") and "after 16 trials" in line for line in lines
+    )
+    header = next(line for line in lines if line.startswith("| build"))
+    assert "latency ms" in header and "onnxruntime / this" in header
+    rows = lines[lines.index(header) + 2 : lines.index(header) + 5]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert [c[0].split(" (")[0] for c in cells] == ["kiln, untuned", "kiln, tuned", "onnxruntime"]
+    assert "16 trials" in cells[1][0]
+    assert all(float(c[1]) > 0 for c in cells) and cells[2][2] == "1.00x"
+    summary = next(line for line in lines if line.startswith("tuning: 16 trials"))
+    assert "outputs match" in summary and "the tuned build on device " in summary
+
+
 def test_demo_prints_its_table() -> None:
-    out = kiln("demo", "--shape", "64,64,64", "--trials", "4")
+    out = kiln("demo", "--sgemm", "--shape", "64,64,64", "--trials", "4")
     assert out.returncode == 0, out.stderr
     header = next(line for line in out.stdout.splitlines() if line.startswith("| trials"))
     assert "best GFLOP/s" in header and "numpy GFLOP/s" in header and "measured on" in header
