@@ -1,7 +1,8 @@
 """The model-guided searcher: an XGBoost cost model proposes each batch (AutoTVM's tuner).
 
 Ask/tell, like `RandomSearch`. Until `min_ok` results succeeded, configs come at random (or the
-transfer model's top picks); then the cost model is fitted on every result told so far, a plan
+transfer model's top picks, which then take every other pick up to `transfer_until` successes);
+then the cost model is fitted on every result told so far, a plan
 of the `plan_size` best-scored configs never proposed is made (every unmeasured config scored
 when the space is small, parallel simulated annealing otherwise), and the plan is handed out in
 order with an `epsilon` share of random picks. The model is refitted when the plan is used up
@@ -50,9 +51,11 @@ class ModelSearcher:
         plan_size: configs planned per model fit.
         valid: index -> bool; configs for which it is False are never proposed.
         transfer: scores [n] of an index array by a model pretrained on other workloads; its
-            top picks replace the first random batches.
+            top picks replace the first random batches, and then take every other pick until
+            `transfer_until` results succeeded.
         min_ok: successful results needed before the model takes over.
         transfer_sample: candidates the transfer model scores.
+        transfer_until: successful results after which the transfer model stops guiding.
         n_chains: annealing chains (large spaces).
         sa_steps: most annealing steps per plan.
         refit_every: new results after which the model is refitted (default: 8 in spaces
@@ -74,6 +77,7 @@ class ModelSearcher:
         n_chains: int = 256,
         sa_steps: int = 500,
         refit_every: int | None = None,
+        transfer_until: int = 32,
     ) -> None:
         if len(space) < 1:
             raise ValueError("the config space is empty")
@@ -87,6 +91,8 @@ class ModelSearcher:
         self.plan_size = plan_size
         self.min_ok = min_ok
         self.transfer_sample = transfer_sample
+        self.transfer_until = transfer_until
+        self._transfer_turn = False
         self._valid = valid
         self._transfer = transfer
         self._rng = np.random.default_rng(seed)
@@ -174,6 +180,12 @@ class ModelSearcher:
                 if idx is not None:
                     return idx
             return self._random()
+        if self._transfer is not None and self.n_ok < self.transfer_until:
+            self._transfer_turn = not self._transfer_turn
+            if self._transfer_turn:
+                idx = self._pop(self._transfer_candidates())
+                if idx is not None:
+                    return idx
         if self._rng.random() < self.epsilon:
             idx = self._random()
             if idx is not None:

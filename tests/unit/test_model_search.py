@@ -190,6 +190,30 @@ def test_transfer_picks_the_first_batch() -> None:
     assert not favourite & set(more) and len(set(more)) == 8
 
 
+def test_transfer_guides_every_other_pick_of_the_next_batches() -> None:
+    ranked = [7 * i + 3 for i in range(40)]  # the transfer model's order, best first
+    rank = {idx: len(ranked) - k for k, idx in enumerate(ranked)}
+
+    def transfer(idx: np.ndarray) -> np.ndarray:
+        return np.asarray([float(rank.get(int(i), 0)) for i in idx])
+
+    s = ModelSearcher(
+        SMALL, seed=2, transfer=transfer, transfer_sample=len(SMALL), transfer_until=24
+    )
+    first = s.ask(8)
+    assert first == ranked[:8]
+    s.tell(first, [_ok(1e-3 * (1 + i % 5)) for i in first])
+    second = s.ask(8)
+    assert second[0::2] == ranked[8:12]  # every other pick, in the transfer model's order
+    s.tell(second, [_ok(1e-3) for _ in second])
+    third = s.ask(8)
+    assert third[0::2] == ranked[12:16]
+    s.tell(third, [_ok(1e-3) for _ in third])
+    assert s.n_ok == 24
+    fourth = s.ask(8)  # past transfer_until: the model alone
+    assert fourth[0::2] != ranked[16:20]
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="epsilon"):
         ModelSearcher(SMALL, epsilon=2.0)
