@@ -67,7 +67,7 @@ from tuner.measure import EvaluatorConfig, MeasureResult, Status  # noqa: E402
 from tuner.runner.pool import PoolConfig, PoolRunner  # noqa: E402
 from tuner.search import RandomSearch, Searcher  # noqa: E402
 from tuner.task import Task  # noqa: E402
-from tuner.tune import tune  # noqa: E402
+from tuner.tune import CONFIRM_TOP, tune  # noqa: E402
 
 BEST_FILE = Path(__file__).resolve().parent / "kernels_best.json"
 AGENT_CORE, BUILD_CORE = 1, 0
@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         "true best of the (filtered) space, and phase 2 measures nothing",
     )
     parser.add_argument("--no-real-run", action="store_true", help="skip phase 1")
+    parser.add_argument(
+        "--no-pipeline", action="store_true", help="phase 1 builds and measures in turn"
+    )
     args = parser.parse_args(argv)
     groups = args.only.split(",")
     cache: dict[str, dict[str, float | None]] = {}
@@ -315,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                     batch_size=args.batch,
                     searcher=searcher,
                     records_path=records_path,
+                    confirm=CONFIRM_TOP,
+                    pipeline=not args.no_pipeline,
                 )
                 wall_s = time.perf_counter() - t0
                 share = float(getattr(searcher, "model_seconds", float("nan"))) / wall_s
@@ -333,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
                         )
                 print(
                     f"real run: sgemm 1024, {progress.trials} trials in {wall_s:.1f} s "
-                    f"(model {share:.1%}); best config {progress.best.config_index} "
+                    f"(build {progress.build_s:.1f} s, measure {progress.measure_s:.1f} s, "
+                    f"{'pipelined' if not args.no_pipeline else 'in turn'}; "
+                    f"{len(progress.confirmations)} confirmation runs; "
+                    f"model {share:.1%}); best config {progress.best.config_index} "
                     f"{json.dumps(progress.best.knobs)}: {ours_gf:.1f} GFLOP/s vs numpy "
                     f"{numpy_gf:.1f} ({ours_gf / numpy_gf:.2f}x)",
                     flush=True,

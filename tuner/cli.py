@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import statistics
 import sys
@@ -250,6 +251,13 @@ def _add_tuning_args(p: argparse.ArgumentParser, remote: bool) -> None:
     )
     p.add_argument("--build-workers", type=int, default=2)
     p.add_argument(
+        "--pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="build the next batch while this one is measured (default: on; a local pool's "
+        "devices then get cores of their own and the builds the others)",
+    )
+    p.add_argument(
         "--devices",
         type=int,
         default=1,
@@ -424,8 +432,25 @@ def runner_and_builder(
         repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, timeout_s=args.timeout_s
     )
     runner = PoolRunner(pool, evaluator, devices=args.devices)
-    builder = LocalBuilder(target=args.target, workers=args.build_workers, per_unit=args.per_unit)
+    cpus = getattr(args, "build_cpus", ())
+    workers = min(args.build_workers, len(cpus)) if cpus else args.build_workers
+    builder = LocalBuilder(target=args.target, workers=workers, per_unit=args.per_unit, cpus=cpus)
     return runner, builder
+
+
+def local_pool(args: argparse.Namespace, stack: ExitStack) -> LocalPool:
+    """A local pool of `--devices` devices started on `stack`.
+
+    With `--pipeline` and more cores than devices, each device is pinned to a core of its own
+    (the last ones) and `args.build_cpus` keeps the builds on the others, so a build running
+    beside a measurement does not disturb it.
+    """
+    allowed = sorted(os.sched_getaffinity(0))
+    pins: list[int] = []
+    if getattr(args, "pipeline", False) and len(allowed) > args.devices:
+        pins = allowed[-args.devices :]
+        args.build_cpus = tuple(allowed[: -args.devices])
+    return stack.enter_context(LocalPool(devices=args.devices, pin_cores=pins))
 
 
 def _run_tuning(
@@ -450,6 +475,7 @@ def _run_tuning(
             early_stop=args.early_stop,
             on_batch=bar,
             confirm=args.confirm,
+            pipeline=args.pipeline,
         )
     except KeyboardInterrupt:
         bar.close()
@@ -510,7 +536,7 @@ def pool_config(
             raise UsageError("--key is required with --tracker")
         tracker, key = args.tracker, args.key
     else:
-        local = stack.enter_context(LocalPool(devices=args.devices))
+        local = local_pool(args, stack)
         tracker, key, token = local.tracker_address, local.key, local.client_token
         print(f"local pool: tracker {tracker}, agent {local.agent_addresses[0]}", file=sys.stderr)
     return PoolConfig(tracker=tracker, key=key, tags=tags, token=token, tls=tls)
@@ -546,7 +572,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     with ExitStack() as stack:
         searcher, store = _prepare(args, task, stack)
-        pool = stack.enter_context(LocalPool())
+        pool = local_pool(args, stack)
         print(
             f"  tracker pid {pool.procs[0].pid} at {pool.tracker_address}, "
             f"agent pid {pool.procs[1].pid} at {pool.agent_addresses[0]}",

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner import table
-from tuner.local_pool import LocalPool
 from tuner.model_cli import MODEL_EARLY_STOP, ModelCliError, _progress, _searcher_factory, report
 from tuner.model_tuning import configs_from_records, model_tasks, tune_model
 from tuner.record_store import FileRecords
@@ -104,7 +103,7 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
             records_path = Path(tmp) / "records.jsonl"
         store = FileRecords(records_path)
         stack.callback(store.close)
-        local = stack.enter_context(LocalPool(devices=args.devices))
+        local = cli.local_pool(args, stack)
         print(
             f"  local pool: tracker {local.tracker_address}, agent {local.agent_addresses[0]}",
             file=sys.stderr,

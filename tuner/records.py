@@ -10,7 +10,8 @@ Schema version 2 (what this module writes), one object per line:
      "flop": 268435456.0, "timestamp": "2026-11-22T03:30:00+00:00"}
 
 `space_size` is the size of the config space the index was drawn from (0: unknown), so a reader
-can tell a record of a space that has since changed; `status` and `device` repeat the result's
+can tell a record of a space that has since changed; `"confirmation": true` (present only then)
+marks a config measured again at the end of a run to confirm its speed, which is not a trial; `status` and `device` repeat the result's
 status and the device it ran on at top level, for grep and for summaries.
 
 Version 1 (read, migrated on read) had no `space_size`, no top-level `status`/`device`, and kept the
@@ -66,7 +67,8 @@ class Record:
     """One measured candidate.
 
     `space_size` is the size of the config space `config_index` belongs to; 0 means unknown (a
-    migrated version-1 record).
+    migrated version-1 record). `confirmation` marks a measurement of an already measured
+    config taken to confirm its speed (`tuner.tune.confirm_best`): not a trial of its own.
     """
 
     workload: Workload
@@ -77,6 +79,7 @@ class Record:
     flop: float
     timestamp: str
     space_size: int = field(default=0)
+    confirmation: bool = field(default=False)
 
     @property
     def gflops(self) -> float:
@@ -109,6 +112,7 @@ class Record:
             },
             "flop": self.flop,
             "timestamp": self.timestamp,
+            **({"confirmation": True} if self.confirmation else {}),
         }
 
     @classmethod
@@ -146,6 +150,7 @@ class Record:
                 flop=float(obj.get("flop", 0.0)),
                 timestamp=str(obj.get("timestamp", "")),
                 space_size=int(obj.get("space_size", 0)),
+                confirmation=obj.get("confirmation", False) is True,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise RecordFormatError(f"{type(exc).__name__}: {exc}") from None

@@ -45,16 +45,18 @@ def group(records: Sequence[rec.Record]) -> dict[tuple[rec.Workload, str], list[
 
 
 def summarize(records: Sequence[rec.Record]) -> list[PairSummary]:
-    """One summary per (workload, target) of `records`."""
+    """One summary per (workload, target) of `records`; confirmation runs are not trials, but
+    the best counts them (`records.best`)."""
     out = []
     for (workload, target), rs in group(records).items():
-        errors = Counter(r.result.status.value for r in rs if not r.result.ok)
+        trials = [r for r in rs if not r.confirmation]
+        errors = Counter(r.result.status.value for r in trials if not r.result.ok)
         out.append(
             PairSummary(
                 workload,
                 target,
-                len(rs),
-                sum(r.result.ok for r in rs),
+                len(trials),
+                sum(r.result.ok for r in trials),
                 dict(sorted(errors.items())),
                 rec.best(rs, workload, target),
             )
@@ -63,9 +65,11 @@ def summarize(records: Sequence[rec.Record]) -> list[PairSummary]:
 
 
 def best_so_far(records: Sequence[rec.Record]) -> list[float]:
-    """The best GFLOP/s after each trial, in the records' order."""
+    """The best GFLOP/s after each trial, in the records' order (confirmation runs left out)."""
     curve, top = [], 0.0
     for r in records:
+        if r.confirmation:
+            continue
         top = max(top, r.gflops)
         curve.append(top)
     return curve

@@ -4,12 +4,12 @@ Layout under the key prefix P (default "kiln:records:"), per (workload, target) 
 is the sorted-keys JSON of {"workload": ..., "target": ...}:
 
     P log:W     list of record JSON lines (schema of tuner.records), append-only, in append order
-    P best:W    hash {median_s, record}: the fastest OK record so far
     P index     set of every W that has records
 
-One Lua script appends a record and, when it is OK and faster than the stored best, replaces the
-best, so the best is exact under any number of concurrent writers; a batch of appends goes in one
-MULTI/EXEC transaction, so a reader never sees half a batch.
+A batch of appends goes in one MULTI/EXEC transaction, so a reader never sees half a batch. The
+best config of a pair is computed from its log (`records.best`: a config measured several times
+counts by the upper median of its measurements), one LRANGE. Databases written before this
+version also hold `P best:W` hashes (the fastest single record); nothing reads them now.
 """
 
 from __future__ import annotations
@@ -31,19 +31,6 @@ _LOG = logging.getLogger(__name__)
 DEFAULT_PREFIX = "kiln:records:"
 _SOCKET_TIMEOUT_S = 10.0
 _T = TypeVar("_T")
-
-# KEYS: log, best, index. ARGV: W, record JSON, median seconds ("" for a failed candidate).
-_APPEND = """
-redis.call('RPUSH', KEYS[1], ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[1])
-if ARGV[3] ~= '' then
-  local cur = redis.call('HGET', KEYS[2], 'median_s')
-  if (not cur) or tonumber(ARGV[3]) < tonumber(cur) then
-    redis.call('HSET', KEYS[2], 'median_s', ARGV[3], 'record', ARGV[2])
-  end
-end
-return redis.call('LLEN', KEYS[1])
-"""
 
 
 def parse_url(url: str) -> tuple[str, str, str]:
@@ -97,7 +84,6 @@ class RedisRecords:
             )
         except ValueError as exc:
             raise ValueError(f"records URL {self.shown}: {exc}") from None
-        self._append = self._redis.register_script(_APPEND)
 
     def __str__(self) -> str:
         return f"{self.shown} (prefix {self.prefix!r})"
@@ -108,11 +94,11 @@ class RedisRecords:
         except redis.RedisError as exc:
             raise RecordStoreError(f"records database {self.shown}: {what} failed: {exc}") from exc
 
-    def _keys(self, pair: str) -> list[str]:
-        return [f"{self.prefix}log:{pair}", f"{self.prefix}best:{pair}", f"{self.prefix}index"]
+    def _log_key(self, pair: str) -> str:
+        return f"{self.prefix}log:{pair}"
 
     def append(self, records: Sequence[rec.Record]) -> None:
-        """Append a batch in one transaction, keeping each pair's best exact."""
+        """Append a batch in one transaction."""
         if not records:
             return
 
@@ -120,8 +106,8 @@ class RedisRecords:
             pipe = self._redis.pipeline(transaction=True)
             for r in records:
                 pair = _pair_key(r.workload, r.target)
-                median = repr(r.result.median_s) if r.result.ok else ""
-                self._append(keys=self._keys(pair), args=[pair, rec.dumps(r), median], client=pipe)
+                pipe.rpush(self._log_key(pair), rec.dumps(r))
+                pipe.sadd(self.prefix + "index", pair)
             pipe.execute()
 
         self._call("append", run)
@@ -149,7 +135,7 @@ class RedisRecords:
             pairs = [(w, t) for w, t in self.pairs() if rec.matches_pair(w, t, workload, target)]
         out: list[rec.Record] = []
         for w, t in pairs:
-            key = self._keys(_pair_key(w, t))[0]
+            key = self._log_key(_pair_key(w, t))
             lines: list[str] = self._call("load", partial(self._redis.lrange, key, 0, -1))
             for i, line in enumerate(lines):
                 r = rec.parse(line, f"{self.shown} {key}[{i}]")
@@ -158,10 +144,8 @@ class RedisRecords:
         return out
 
     def best(self, workload: rec.Workload, target: str) -> rec.Record | None:
-        """The fastest OK record of the pair, kept by the append script (one round trip)."""
-        key = self._keys(_pair_key(workload, target))[1]
-        line = self._call("best", lambda: self._redis.hget(key, "record"))
-        return None if line is None else rec.parse(line, f"{self.shown} {key}")
+        """The best config's record of the pair (`records.best` over its log)."""
+        return rec.best(self.load(workload, target), workload, target)
 
     def close(self) -> None:
         self._redis.close()

@@ -21,6 +21,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from compiler.toolchain import BuildError, get_target
@@ -134,13 +135,14 @@ def _normal(knobs: dict[str, object]) -> object:
 
 
 def resumable_records(task: Task, records: Sequence[rec.Record]) -> list[rec.Record]:
-    """One record per config index of today's space: the best of each, in first-seen order.
+    """One record per config index of today's space, in first-seen order: the one standing for
+    the config by `records.settled_time` (its only measurement, or the upper median of several).
 
     Records of a space of another size, or whose knobs are not today's knobs of their index, are
     dropped with a warning: the index would name another config now.
     """
     size = len(task.space)
-    chosen: dict[int, rec.Record] = {}
+    chosen: dict[int, list[rec.Record]] = {}
     stale = 0
     for r in records:
         i = r.config_index
@@ -150,29 +152,39 @@ def resumable_records(task: Task, records: Sequence[rec.Record]) -> list[rec.Rec
         if i not in chosen and _normal(r.knobs) != _normal(task.knobs(i)):
             stale += 1
             continue
-        if i not in chosen or r.result.median_s < chosen[i].result.median_s:
-            chosen[i] = r
+        chosen.setdefault(i, []).append(r)
     if stale:
         _LOG.warning(
             "resume: %d records of %s were of another config space and are ignored",
             stale,
             task.workload,
         )
-    return list(chosen.values())
+    return [_stands_for(rs) for rs in chosen.values()]
 
 
-def run_batch(
-    task: Task, builder: Builder, runner: Runner, indices: Sequence[int], progress: TuneProgress
-) -> list[MeasureResult]:
-    """Build and measure `indices`; one result per index (a failed build is a BUILD_ERROR
-    result), with the time spent added to `progress`. Shared by `tune` and model tuning."""
+def _stands_for(records: list[rec.Record]) -> rec.Record:
+    ok = [r for r in records if r.result.ok]
+    return rec.settled_time(ok) if ok else records[0]
+
+
+def timed_build(
+    builder: Builder, task: Task, indices: Sequence[int]
+) -> tuple[list[BuildResult], float]:
+    """`builder.build` of `indices`, and the seconds it took."""
     t0 = time.monotonic()
-    built: list[BuildResult] = builder.build(task.workload, indices)
-    t1 = time.monotonic()
+    built = builder.build(task.workload, indices)
+    return built, time.monotonic() - t0
+
+
+def measure_built(
+    runner: Runner, built: Sequence[BuildResult], progress: TuneProgress
+) -> list[MeasureResult]:
+    """Measure what built; one result per build result (a failed build is a BUILD_ERROR
+    result), with the time spent added to `progress`."""
+    t0 = time.monotonic()
     artifacts = [b.artifact for b in built if b.artifact is not None]
     measured = runner.run(artifacts) if artifacts else []
-    progress.build_s += t1 - t0
-    progress.measure_s += time.monotonic() - t1
+    progress.measure_s += time.monotonic() - t0
     if len(measured) != len(artifacts):
         _LOG.error("runner returned %d results for %d artifacts", len(measured), len(artifacts))
     it = iter(measured)
@@ -186,6 +198,16 @@ def run_batch(
                 or MeasureResult.failed(Status.RUNTIME_ERROR, "the runner returned no result")
             )
     return results
+
+
+def run_batch(
+    task: Task, builder: Builder, runner: Runner, indices: Sequence[int], progress: TuneProgress
+) -> list[MeasureResult]:
+    """Build and measure `indices`; one result per index (a failed build is a BUILD_ERROR
+    result), with the time spent added to `progress`. Shared by `tune` and model tuning."""
+    built, seconds = timed_build(builder, task, indices)
+    progress.build_s += seconds
+    return measure_built(runner, built, progress)
 
 
 def confirm_best(
@@ -222,7 +244,15 @@ def confirm_best(
         stamp = rec.now_iso()
         batch = [
             rec.Record(
-                task.workload, best.target, i, task.knobs(i), r, task.flop, stamp, best.space_size
+                task.workload,
+                best.target,
+                i,
+                task.knobs(i),
+                r,
+                task.flop,
+                stamp,
+                best.space_size,
+                confirmation=True,
             )
             for i, r in zip(order, results, strict=True)
         ]
@@ -269,6 +299,7 @@ def tune(
     give_up_after_batches: int = GIVE_UP_AFTER_BATCHES,
     records_path: str | os.PathLike[str] | None = None,
     confirm: int = 0,
+    pipeline: bool = False,
 ) -> TuneProgress:
     """Tune `task` for up to n_trials candidates, appending every candidate to `records`.
 
@@ -289,6 +320,9 @@ def tune(
         records_path: the older name of `records` (a path).
         confirm: at the end, measure this many of the fastest configs again
             (`confirm_best`) and pick the best by the upper median of each one's measurements.
+        pipeline: build the next batch while this one is measured, so the devices do not wait
+            for the compiler; the searcher then proposes each batch one batch of results
+            behind. Keep builds off a local device's core (see `LocalBuilder`'s `cpus`).
 
     Returns:
         The progress at the end, with the best record, every record and the time accounting.
@@ -320,6 +354,7 @@ def tune(
             early_stop,
             give_up_after_batches,
             confirm,
+            pipeline,
         )
     finally:
         if store is not None and store is not records:
@@ -339,6 +374,7 @@ def _tune(
     early_stop: int | None,
     give_up_after_batches: int,
     confirm: int,
+    pipeline: bool,
 ) -> TuneProgress:
     searcher = searcher or RandomSearch(len(task.space))
     model_s0 = float(getattr(searcher, "model_seconds", 0.0))
@@ -365,45 +401,69 @@ def _tune(
 
     measured = {r.config_index for r in progress.history}
     failed_batches = 0
-    while progress.trials < n_trials:
-        if early_stop is not None and progress.trials - progress.best_at >= early_stop:
-            progress.stop_reason = f"no better candidate in {early_stop} trials"
-            break
+
+    def ask(room: int, busy: Sequence[int] = ()) -> list[int]:
         t0 = time.monotonic()
-        asked = searcher.ask(min(batch_size, n_trials - progress.trials))
+        asked = searcher.ask(min(batch_size, room))
         progress.search_s += time.monotonic() - t0
-        indices = [i for i in dict.fromkeys(asked) if i not in measured]
+        taken = measured.union(busy)
+        indices = [i for i in dict.fromkeys(asked) if i not in taken]
         if len(indices) < len(asked):
             _LOG.warning("the searcher proposed %d measured configs", len(asked) - len(indices))
-        if not indices:
-            progress.stop_reason = "the config space is exhausted"
-            break
-        results = run_batch(task, builder, runner, indices, progress)
-        stamp = rec.now_iso()
-        batch = [
-            rec.Record(task.workload, target, i, task.knobs(i), r, task.flop, stamp, space_size)
-            for i, r in zip(indices, results, strict=True)
-        ]
-        if store is not None:
-            store.append(batch)
-        t0 = time.monotonic()
-        searcher.tell(indices, results)
-        progress.search_s += time.monotonic() - t0
-        measured.update(indices)
-        progress.add(batch)
-        tick()
-        if on_batch is not None:
-            on_batch(progress)
-        if progress.best is None:
-            failed_batches += 1
-            if failed_batches >= give_up_after_batches:
-                raise TuningError(
-                    f"no candidate of {task.workload} on {target} worked in the first "
-                    f"{progress.trials} trials ({failed_batches} batches); giving up. "
-                    f"Causes: {_failure_summary(progress.history)}"
-                )
-    else:
-        progress.stop_reason = "trial budget reached"
+        return indices
+
+    executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-build") if pipeline else None
+    ahead: tuple[list[int], Future[tuple[list[BuildResult], float]]] | None = None
+    try:
+        while progress.trials < n_trials:
+            if early_stop is not None and progress.trials - progress.best_at >= early_stop:
+                progress.stop_reason = f"no better candidate in {early_stop} trials"
+                break
+            if ahead is None:
+                indices = ask(n_trials - progress.trials)
+                if not indices:
+                    progress.stop_reason = "the config space is exhausted"
+                    break
+                built, seconds = timed_build(builder, task, indices)
+            else:
+                indices, future = ahead
+                ahead = None
+                built, seconds = future.result()
+            progress.build_s += seconds
+            room = n_trials - progress.trials - len(indices)
+            if executor is not None and room > 0:
+                following = ask(room, indices)
+                if following:
+                    ahead = (following, executor.submit(timed_build, builder, task, following))
+            results = measure_built(runner, built, progress)
+            stamp = rec.now_iso()
+            batch = [
+                rec.Record(task.workload, target, i, task.knobs(i), r, task.flop, stamp, space_size)
+                for i, r in zip(indices, results, strict=True)
+            ]
+            if store is not None:
+                store.append(batch)
+            t0 = time.monotonic()
+            searcher.tell(indices, results)
+            progress.search_s += time.monotonic() - t0
+            measured.update(indices)
+            progress.add(batch)
+            tick()
+            if on_batch is not None:
+                on_batch(progress)
+            if progress.best is None:
+                failed_batches += 1
+                if failed_batches >= give_up_after_batches:
+                    raise TuningError(
+                        f"no candidate of {task.workload} on {target} worked in the first "
+                        f"{progress.trials} trials ({failed_batches} batches); giving up. "
+                        f"Causes: {_failure_summary(progress.history)}"
+                    )
+        else:
+            progress.stop_reason = "trial budget reached"
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)  # a batch built ahead is dropped
     tick()
     if progress.best is None:
         raise TuningError(

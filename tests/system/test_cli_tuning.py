@@ -87,9 +87,15 @@ def test_a_stopped_run_resumes_without_remeasuring_and_ends_at_the_budget(
     assert out.returncode == 0, out.stderr
     assert f"best of 40 trials, {len(first)} of them resumed" in out.stdout
     every = list(rec.load(path))
-    assert len(every) == 40
-    assert len({r.config_index for r in every}) == 40  # nothing measured twice
+    trials = [r for r in every if not r.confirmation]
+    assert len(trials) == 40
+    assert len({r.config_index for r in trials}) == 40  # no trial measured twice
     assert every[: len(first)] == first
+    # then the 4 fastest were measured twice more, to confirm them (--confirm 4 by default)
+    confirmed = every[40:]
+    assert len(confirmed) == 8 and all(r.confirmation for r in confirmed)
+    fastest = sorted(trials, key=lambda r: r.result.median_s)[:4]
+    assert {r.config_index for r in confirmed} == {r.config_index for r in fastest}
 
 
 def test_early_stop_conv2d_by_its_short_name_and_transfer_to_a_new_workload(tmp_path: Path) -> None:
@@ -116,7 +122,8 @@ def test_early_stop_conv2d_by_its_short_name_and_transfer_to_a_new_workload(tmp_
     dense = ("tune-op", "dense", "--shape", "32,32,32", "--trials", "2", "--records", str(path))
     out = kiln(*dense, *SMALL)
     assert out.returncode == 0, out.stderr
-    assert f"transfer: a model of {len(loaded)} records of 1 other workloads on " in out.stderr
+    configs = len({r.config_index for r in loaded})
+    assert f"transfer: a model of {configs} records of 1 other workloads on " in out.stderr
     out = kiln(*dense, "--resume", "--trials", "3", "--no-transfer", *SMALL)
     assert out.returncode == 0, out.stderr
     assert "transfer:" not in out.stderr and "best of 3 trials, 2 of them resumed" in out.stdout
@@ -140,13 +147,14 @@ def test_records_in_redis_then_summary_and_plot(tmp_path: Path) -> None:
         url = server.url(prefix="sys:")
         out = kiln(
             "tune-op", "matmul", "--shape", "32,32,32", "--trials", "6", "--batch", "3",
-            "--records", url, *SMALL,
+            "--records", url, "--confirm", "2", *SMALL,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
         store = RedisRecords(url)
         [wl] = {r.workload for r in store.load()}
         loaded = store.load(wl, store.load()[0].target)
-        assert wl == rec.Workload("matmul", (32, 32, 32)) and len(loaded) == 6
+        assert wl == rec.Workload("matmul", (32, 32, 32)) and len(loaded) == 6 + 2 * 2
+        assert sum(r.confirmation for r in loaded) == 4  # the flag survives the round trip
         best = store.best(wl, loaded[0].target)
         assert best is not None and best.config_index in {r.config_index for r in loaded}
         store.close()
@@ -165,7 +173,8 @@ def test_a_local_pool_of_two_devices_measures_on_both(tmp_path: Path) -> None:
     records = tmp_path / "r.jsonl"
     out = kiln(
         "tune-op", "dense", "--shape", "48,48,48", "--trials", "16", "--batch", "8",
-        "--devices", "2", "--tuner", "random", "--records", str(records), *SMALL,
+        "--devices", "2", "--tuner", "random", "--records", str(records), "--confirm", "0",
+        *SMALL,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     got = list(rec.load(records))

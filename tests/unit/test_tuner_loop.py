@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from compiler.artifact import Artifact, Entry
 from tuner import records as rec
 from tuner.builder import BuildResult
-from tuner.measure import Status
+from tuner.measure import MeasureResult, Status
 from tuner.runner.fake import FakeRunner
 from tuner.search import RandomSearch
 from tuner.task import Task
@@ -152,3 +153,89 @@ class ListSearch:
 
     def tell(self, indices: Sequence[int], results: Sequence[object]) -> None:
         pass
+
+
+class OverlapProbe:
+    """A builder and runner pair that notes, for each batch measured, whether the next batch's
+    build had started by then (the runner waits up to `wait_s` for it, then gives up)."""
+
+    target = FakeBuilder.target
+
+    def __init__(self, wait_s: float) -> None:
+        self.builder = FakeBuilder()
+        self.builds = 0
+        self.cond = threading.Condition()
+        self.overlapped: list[bool] = []
+        self.wait_s = wait_s
+        self.fake = FakeRunner(seconds_by_index)
+
+    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+        with self.cond:
+            self.builds += 1
+            self.cond.notify_all()
+        return self.builder.build(workload, indices)
+
+    def close(self) -> None:
+        pass
+
+    def run(self, artifacts: Sequence[Artifact]) -> list[MeasureResult]:
+        with self.cond:
+            batch = len(self.overlapped) + 1
+            self.overlapped.append(
+                self.cond.wait_for(lambda: self.builds > batch, timeout=self.wait_s)
+            )
+        return self.fake.run(artifacts)
+
+
+def test_pipeline_builds_the_next_batch_while_this_one_is_measured(tmp_path: Path) -> None:
+    probe = OverlapProbe(wait_s=2.0)
+    path = tmp_path / "r.jsonl"
+    space = len(Task(WL).space)
+    progress = tune(
+        Task(WL),
+        probe,
+        probe,
+        20,
+        4,
+        RandomSearch(space, seed=1),
+        records_path=path,
+        pipeline=True,
+    )
+    # five batches of 4: batches 2..5 were built while 1..4 were measured; the last had none
+    assert probe.builds == 5 and probe.overlapped == [True, True, True, True, False]
+    loaded = list(rec.load(path))
+    assert progress.trials == len(loaded) == 20
+    assert len({r.config_index for r in loaded}) == 20  # nothing twice, budget exact
+
+
+def test_without_pipeline_the_devices_wait_for_each_build() -> None:
+    probe = OverlapProbe(wait_s=0.05)
+    tune(Task(WL), probe, probe, 8, 4, RandomSearch(len(Task(WL).space), seed=1))
+    assert probe.builds == 2 and probe.overlapped == [False, False]
+
+
+def test_pipeline_drops_the_batch_built_ahead_when_tuning_stops_early(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    builder = CountingBuilder()
+    progress = tune(
+        Task(WL),
+        builder,
+        FakeRunner(lambda art: 1.0),
+        64,
+        4,
+        RandomSearch(len(Task(WL).space), seed=2),
+        records_path=path,
+        early_stop=8,
+        pipeline=True,
+    )
+    assert progress.stop_reason == "no better candidate in 8 trials"
+    assert progress.trials == 12 == len(list(rec.load(path)))  # 3 batches measured
+    assert builder.built == 16  # the fourth was built ahead, then dropped
+
+
+class CountingBuilder(FakeBuilder):
+    built = 0
+
+    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+        self.built += len(indices)
+        return super().build(workload, indices)

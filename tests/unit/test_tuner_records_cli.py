@@ -121,3 +121,28 @@ def test_best_so_far_is_monotone_and_takes_failures_as_zero() -> None:
         record(DENSE, 4, 0.1),
     ]
     assert best_so_far(rs) == [0.0, 2.0, 2.0, 10.0]
+
+
+def test_confirmation_runs_are_kept_apart_from_trials(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tuner.records_cli import best_so_far, summarize
+
+    lucky = record(DENSE, 1, 0.1)  # 10 GFLOP/s once ...
+    rs = [
+        lucky,
+        record(DENSE, 2, 0.2),
+        replace(record(DENSE, 1, 0.5), confirmation=True),  # ... then 2 GFLOP/s, twice
+        replace(record(DENSE, 1, 0.5), confirmation=True),
+        replace(record(DENSE, 2, 0.2), confirmation=True),
+        replace(record(DENSE, 2, 0.2), confirmation=True),
+    ]
+    path = tmp_path / "r.jsonl"
+    rec.append(path, rs)
+    loaded = list(rec.load(path))
+    assert [r.confirmation for r in loaded] == [False, False, True, True, True, True]
+    assert '"confirmation"' not in path.read_text().splitlines()[0]  # only written when set
+    [summary] = summarize(loaded)
+    assert summary.trials == 2 and summary.ok == 2
+    assert summary.best is not None and summary.best.config_index == 2  # the steady one
+    assert best_so_far(loaded) == [10.0, 10.0]  # one point per trial

@@ -270,3 +270,24 @@ def test_time_accounting_takes_the_searchers_model_seconds() -> None:
 def test_resume_without_a_store_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="resume needs a records store"):
         tune(Task(WL), FakeBuilder(), FakeRunner(faster_with_index), 4, resume=True)
+
+
+def test_resume_judges_a_config_measured_again_by_its_upper_median() -> None:
+    from dataclasses import replace
+
+    from tuner.measure import MeasureResult, Status
+    from tuner.task import Task
+    from tuner.tune import resumable_records
+
+    task = Task(rec.Workload("matmul", (64, 64, 64)))
+    size = len(task.space)
+
+    def record(index: int, seconds: float, confirmation: bool = False) -> rec.Record:
+        result = MeasureResult(Status.OK, (seconds,), device_id="d/0")
+        r = rec.Record(task.workload, "t", index, task.knobs(index), result, 1.0, "", size)
+        return replace(r, confirmation=confirmation)
+
+    chosen = resumable_records(
+        task, [record(3, 0.1), record(5, 0.2), record(3, 0.9, True), record(3, 0.8, True)]
+    )
+    assert [(r.config_index, r.result.median_s) for r in chosen] == [(3, 0.8), (5, 0.2)]
