@@ -150,13 +150,15 @@ def render_c(
             16 for NEON); wider vectorized loops become one statement per register.
     """
     from compiler.codegen.vector import vector_helpers  # vector imports this module
+    from compiler.codegen.vector_math import vector_math_helpers
 
     writers = [FunctionWriter(func, check_symbol(symbol), vector_bytes) for func, symbol in funcs]
     bodies = [w.render() for w in writers]
     vec_types = sorted({t for w in writers for t in w.vec_types})
+    math = vector_math_helpers({c for w in writers for c in w.vec_math})
     intrinsics = sorted({src for w in writers for src in w.intrin_sources})
     return "\n".join(
-        [PRELUDE, *(vector_helpers(*t) for t in vec_types), *intrinsics, *bodies, *extra]
+        [PRELUDE, *(vector_helpers(*t) for t in vec_types), *math, *intrinsics, *bodies, *extra]
     )
 
 
@@ -168,6 +170,7 @@ class FunctionWriter:
         self.symbol = symbol
         self.vector_bytes = vector_bytes
         self.vec_types: set[tuple[str, int]] = set()
+        self.vec_math: set[tuple[str, int]] = set()  # (math function, lanes) in vector form
         self.intrin_sources: set[str] = set()
         self._names: dict[object, str] = {}
         self._taken: set[str] = set(_C_KEYWORDS) | {symbol}

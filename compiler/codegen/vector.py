@@ -2,8 +2,9 @@
 
 A loop qualifies when its extent is a power of two from 2 to 64 lanes (or `min(lanes, rest)`, in
 which case a full-width check picks the vector or the scalar path at run time) and its body is
-one store whose index moves by one element per iteration, of a value built from +, -, * of
-loads that move by one element (vector loads) or not at all (broadcast scalars). Unaligned
+one store whose index moves by one element per iteration, of a value built from +, -, *, /,
+min, max, select, exp and erf (`vector_math`) of loads that move by one element (vector loads)
+or not at all (broadcast scalars). Unaligned
 memory is read and written through memcpy, which gcc turns into single unaligned moves. Loops
 wider than one 64-byte register become one vector statement per register-wide chunk.
 """
@@ -169,6 +170,16 @@ def _vector_expr(w: FunctionWriter, e: E.Expr, chunk: _Chunk) -> tuple[str, bool
         return f"kiln_v{name}_{e.dtype}x{chunk.width}({av}, {bv})", True
     if isinstance(e, E.Select):
         return _vector_select(w, e, chunk)
+    if isinstance(e, E.Call) and e.name in ("exp", "erf") and e.dtype == "float32":
+        (arg,) = e.args
+        value = _vector_expr(w, arg, chunk)
+        if value is None:
+            return None
+        vt = vector_type("float32", chunk.width)
+        code = value[0] if value[1] else f"({value[0]} - ({vt}){{0}})"
+        w.vec_types.update({("float32", chunk.width), ("int32", chunk.width)})
+        w.vec_math.add((e.name, chunk.width))
+        return f"kiln_v{e.name}_float32x{chunk.width}({code})", True
     return None
 
 

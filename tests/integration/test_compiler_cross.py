@@ -135,3 +135,20 @@ def test_elementwise_select_kernel_runs_on_aarch64(harness: Path, tmp_path: Path
     xs = np.random.default_rng(2).standard_normal(37, dtype=np.float32)
     _, got = run_under_qemu(harness, art.data, "leaky", [xs, np.zeros(37, np.float32)], tmp_path)
     np.testing.assert_allclose(got, np.where(xs < 0, xs * np.float32(0.1), xs), rtol=1e-6)
+
+
+def test_vector_exp_and_erf_run_on_aarch64(harness: Path, tmp_path: Path) -> None:
+    import math
+
+    from compiler.te import math as tm
+
+    x = te.placeholder((70,), name="X")
+    y = te.compute((70,), lambda i: tm.erf(x[i]) + tm.exp(x[i]), name="Y")
+    s = create_schedule(y)
+    _, yi = s[y].split(y.op.axis[0], 16)
+    s[y].vectorize(yi)
+    art = build(s, [x, y], "ee", target="aarch64-neon")
+    xs = np.random.default_rng(3).uniform(-6, 6, 70).astype(np.float32)
+    _, got = run_under_qemu(harness, art.data, "ee", [xs, np.zeros(70, np.float32)], tmp_path)
+    want = np.array([math.erf(float(v)) + math.exp(float(v)) for v in xs])
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7)
