@@ -10,9 +10,10 @@
   readers; a reduction that is not an output is computed inside the output's loop over the
   leading axes it is indexed by identically (a softmax's row max and sum inside the row loop),
   else at the root; each output's leading axes are fused into one `parallel` loop when it is
-  large enough, and its innermost axis is split by 16 or 8 (whichever divides it) and
-  vectorized; a reduction output is vectorized only when its reduced axes do not index the
-  innermost dimension of what it reads (NCHW[x]c pools: yes; a row sum: no, it stays scalar).
+  large enough, and its innermost axis (and that of a reduction computed inside it, when it
+  has axes of its own there) is split by 16 or 8 (whichever divides it) and vectorized; a
+  reduction is vectorized only when its reads stay contiguous in the lane (NCHW[x]c pools and
+  a softmax's lane partials: yes; a row sum x[r, k]: no, it stays scalar).
 
 Bool values are C ints in the kernel: callers pass int32 arrays for them (see te_ops).
 """
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from compiler.arith.linear import linear_form
 from compiler.graph.ir import Graph, GraphError
 from compiler.graph.ops import node_category
 from compiler.graph.passes.fuse import FusedGroup, FusionPlan
@@ -32,7 +34,7 @@ from compiler.graph.te_ops import TE_COMPUTES
 from compiler.ir import expr as E
 from compiler.schedule.schedule import Schedule, Stage, create_schedule
 from compiler.te import placeholder
-from compiler.te.tensor import Reduce, Tensor, TensorLoad, walk
+from compiler.te.tensor import IterVar, Reduce, Tensor, TensorLoad, walk
 
 # Outputs with fewer elements run on one thread: an OpenMP region costs more than it saves.
 PARALLEL_MIN_ELEMENTS = 1 << 15
@@ -149,8 +151,10 @@ def _attachments(sch: Schedule, outputs: Sequence[Tensor]) -> dict[Tensor, list[
     return result
 
 
-def _vectorizable_reduction(st: Stage) -> bool:
-    """Whether no reduced axis indexes the innermost dimension of a tensor the stage reads."""
+def _vectorizable_reduction(st: Stage, lane: IterVar) -> bool:
+    """Whether every read whose innermost index a reduced axis moves is contiguous in `lane`
+    (so the reduction can run outside the vectorized lane: NCHW[x]c pools, a softmax's lane
+    partials; a row sum x[r, k] has no such lane and stays scalar)."""
     reduce_vars = {k.var for k in st.op.reduce_axis}
     for node in walk(st.op.body):
         if (
@@ -158,8 +162,27 @@ def _vectorizable_reduction(st: Stage) -> bool:
             and node.indices
             and E.free_vars(node.indices[-1]) & reduce_vars
         ):
-            return False
+            form = linear_form(node.indices[-1], lane.var)
+            if form is None or form[0] != 1:
+                return False
     return True
+
+
+def _vectorize_inner(st: Stage) -> None:
+    """Split the innermost axis by 16 or 8 (whichever divides it) and vectorize it, with the
+    reduced axes outside the lane; nothing when no factor divides it or the reduction would
+    read across lanes."""
+    inner = st.op.axis[-1]
+    factor = next((f for f in VECTOR_FACTORS if inner.extent % f == 0), 0)
+    is_reduction = bool(st.op.reduce_axis)
+    if not factor or (is_reduction and not _vectorizable_reduction(st, inner)):
+        return
+    lane = inner
+    if factor < inner.extent:
+        _, lane = st.split(inner, factor)
+    if is_reduction:
+        st.reorder(*st.op.reduce_axis, lane)
+    st.vectorize(lane)
 
 
 def _schedule_output(
@@ -177,17 +200,10 @@ def _schedule_output(
         # Reductions computed inside must not be recomputed across the fused iterations.
         fused = min([fused, *(d for _, d in attached)])
     outer = st.fuse(*axes[:fused]) if fused else None
-    inner = axes[-1]
-    factor = next((f for f in VECTOR_FACTORS if inner.extent % f == 0), 0)
-    is_reduction = bool(st.op.reduce_axis)
-    if factor and (not is_reduction or _vectorizable_reduction(st)):
-        lane = inner
-        if factor < inner.extent:
-            _, lane = st.split(inner, factor)
-        if is_reduction:
-            st.reorder(*st.op.reduce_axis, lane)
-        st.vectorize(lane)
+    _vectorize_inner(st)
     if outer is not None:
         st.parallel(outer)
     for r, d in attached:
         r.compute_at(st, outer if outer is not None and d == fused else axes[d - 1])
+        if len(r.op.axis) > d:  # axes of its own inside the attach point: vectorize the last
+            _vectorize_inner(r)

@@ -89,12 +89,41 @@ def _softmax(
     def row(i: Index) -> Index:
         return (*i[:axis], *i[axis + 1 :])
 
-    k1 = te.reduce_axis((0, x.shape[axis]), name="softmax_k1")
-    mx = compute_of(rows, lambda i: te.max(x[at(i, k1.var)], k1), f"{name}.max")
-    exps = compute_of(out_types[0], lambda i: te.exp(x[i] - mx[row(i)]), f"{name}.exp")
-    k2 = te.reduce_axis((0, x.shape[axis]), name="softmax_k2")
-    total = compute_of(rows, lambda i: te.sum(exps[at(i, k2.var)], k2), f"{name}.sum")
+    n = x.shape[axis]
+    lanes = next((f for f in LANE_PARTIALS if n % f == 0 and n > f), 0)
+    if axis == len(x.shape) - 1 and lanes:
+        mx = _lane_reduced(x, rows, lanes, "max", f"{name}.max")
+        exps = compute_of(out_types[0], lambda i: te.exp(x[i] - mx[row(i)]), f"{name}.exp")
+        total = _lane_reduced(exps, rows, lanes, "sum", f"{name}.sum")
+    else:
+        k1 = te.reduce_axis((0, n), name="softmax_k1")
+        mx = compute_of(rows, lambda i: te.max(x[at(i, k1.var)], k1), f"{name}.max")
+        exps = compute_of(out_types[0], lambda i: te.exp(x[i] - mx[row(i)]), f"{name}.exp")
+        k2 = te.reduce_axis((0, n), name="softmax_k2")
+        total = compute_of(rows, lambda i: te.sum(exps[at(i, k2.var)], k2), f"{name}.sum")
     return [compute_of(out_types[0], lambda i: E.Div(exps[i], total[row(i)]), name)]
+
+
+# Lane counts for reductions over a contiguous last axis: partial results per lane first (a
+# vectorizable reduction), then the lanes reduced.
+LANE_PARTIALS = (16, 8)
+
+
+def _lane_reduced(x: Tensor, rows: TensorType, lanes: int, how: str, name: str) -> Tensor:
+    """max or sum of x over its last axis, in two stages: per-lane partials over
+    k = ko * lanes + lane (contiguous in the lane), then over the lanes."""
+    n = x.shape[-1]
+    reduce = te.max if how == "max" else te.sum
+    ko = te.reduce_axis((0, n // lanes), name=f"{how}_ko")
+    partial_type = TensorType((*rows.shape, lanes), rows.dtype)
+
+    def partial(i: Index) -> E.Expr:
+        *r, lane = i
+        return reduce(x[(*r, ko.var * lanes + lane)], ko)
+
+    parts = compute_of(partial_type, partial, f"{name}.lanes")
+    kl = te.reduce_axis((0, lanes), name=f"{how}_lane")
+    return compute_of(rows, lambda i: reduce(parts[(*i, kl.var)], kl), name)
 
 
 def _layer_norm(
