@@ -13,6 +13,7 @@ import pytest
 from compiler import te, toolchain
 from compiler.build import build_source
 from compiler.codegen.vector_math import vector_math_helper
+from compiler.ir import expr as E
 from compiler.schedule import create_schedule
 from compiler.te import math as tm
 
@@ -25,9 +26,9 @@ def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     yield tmp_path / "cache"
 
 
-def kernel(fn: Callable[[object], object], target: str, lanes: int = 16) -> tuple[str, str]:
+def kernel(fn: Callable[[E.Expr], E.Expr], target: str, lanes: int = 16) -> tuple[str, str]:
     x = te.placeholder((N,), name="x")
-    y = te.compute((N,), lambda i: fn(x[i]), name="y")  # type: ignore[arg-type, return-value]
+    y = te.compute((N,), lambda i: fn(x[i]), name="y")
     s = create_schedule(y)
     _, inner = s[y].split(y.op.axis[0], lanes)
     s[y].vectorize(inner)
