@@ -310,7 +310,10 @@ class _Lowering:
             c = matmul_compute(xp, wp, out_t, name=raw)
         else:
             raise GraphError(f"group #{group.index}: {node.op} not supported: {aw.note}")
-        kernel = Kernel(reduction_schedule(c), [xp, wp, c], self.symbol(group, "anchor"))
+        schedule = matmul_schedule(c) if node.op in ("matmul", "dense") else None
+        kernel = Kernel(
+            schedule or reduction_schedule(c), [xp, wp, c], self.symbol(group, "anchor")
+        )
         self.steps.append(Step(kernel, group.index, "anchor", reads, (raw,)))
         return bias_node
 
@@ -363,6 +366,38 @@ def conv_compute(
         return te.sum(x[b, rco, iy, ix, rci] * w[co, rco, ry, rx, rci, ci], axis=(rco, ry, rx, rci))
 
     return te.compute(out.shape, full, name=name)
+
+
+# Register tile of the generic matmul: rows x lanes accumulators (4 x 2 AVX-512 vectors).
+MATMUL_TILE_ROWS = 4
+MATMUL_TILE_LANES = (32, 16, 8)
+
+
+def matmul_schedule(c: Tensor) -> Schedule | None:
+    """A register-tiled schedule for a (batched) matmul of computed operands, or None when the
+    output's last axis takes no vector tile.
+
+    Per (batch, row tile, column tile): an accumulator tile of `MATMUL_TILE_ROWS` rows by
+    `lanes` columns kept in registers (`cache_write` local, computed at the column-tile loop),
+    the reduction outermost in it, rows unrolled, columns vectorized; a row tail is the
+    lowering's loop-partition business.
+    """
+    sch = create_schedule(c)
+    st = sch[c]
+    *_, m, n = st.op.axis
+    lanes = next((f for f in MATMUL_TILE_LANES if n.extent % f == 0), 0)
+    if not lanes or len(st.op.reduce_axis) != 1:
+        return None
+    local = sch.cache_write(c, "local")
+    rows = min(MATMUL_TILE_ROWS, m.extent)
+    _, no, _, ni = st.tile(m, n, rows, lanes)
+    st.vectorize(ni)
+    sch[local].compute_at(st, no)
+    *_, ci, cj = sch[local].op.axis
+    sch[local].reorder(sch[local].op.reduce_axis[0], ci, cj)
+    sch[local].unroll(ci)
+    sch[local].vectorize(cj)
+    return sch
 
 
 def reduction_schedule(c: Tensor) -> Schedule:
