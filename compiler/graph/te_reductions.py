@@ -10,7 +10,7 @@ windows are cut at the end padding); global average pools. Sums accumulate in th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -92,9 +92,9 @@ def _softmax(
     n = x.shape[axis]
     lanes = next((f for f in LANE_PARTIALS if n % f == 0 and n > f), 0)
     if axis == len(x.shape) - 1 and lanes:
-        mx = _lane_reduced(x, rows, lanes, "max", f"{name}.max")
+        mx = _lane_reduced(lambda r, k: x[(*r, k)], n, rows, lanes, "max", f"{name}.max")
         exps = compute_of(out_types[0], lambda i: te.exp(x[i] - mx[row(i)]), f"{name}.exp")
-        total = _lane_reduced(exps, rows, lanes, "sum", f"{name}.sum")
+        total = _lane_reduced(lambda r, k: exps[(*r, k)], n, rows, lanes, "sum", f"{name}.sum")
     else:
         k1 = te.reduce_axis((0, n), name="softmax_k1")
         mx = compute_of(rows, lambda i: te.max(x[at(i, k1.var)], k1), f"{name}.max")
@@ -109,17 +109,23 @@ def _softmax(
 LANE_PARTIALS = (16, 8)
 
 
-def _lane_reduced(x: Tensor, rows: TensorType, lanes: int, how: str, name: str) -> Tensor:
-    """max or sum of x over its last axis, in two stages: per-lane partials over
-    k = ko * lanes + lane (contiguous in the lane), then over the lanes."""
-    n = x.shape[-1]
+def _lane_reduced(
+    value: Callable[[Index, E.Expr], E.Expr],
+    n: int,
+    rows: TensorType,
+    lanes: int,
+    how: str,
+    name: str,
+) -> Tensor:
+    """max or sum over k < n of `value(row, k)` (which reads a contiguous last axis at k), in
+    two stages: per-lane partials over k = ko * lanes + lane, then over the lanes."""
     reduce = te.max if how == "max" else te.sum
     ko = te.reduce_axis((0, n // lanes), name=f"{how}_ko")
     partial_type = TensorType((*rows.shape, lanes), rows.dtype)
 
     def partial(i: Index) -> E.Expr:
         *r, lane = i
-        return reduce(x[(*r, ko.var * lanes + lane)], ko)
+        return reduce(value(tuple(r), ko.var * lanes + lane), ko)
 
     parts = compute_of(partial_type, partial, f"{name}.lanes")
     kl = te.reduce_axis((0, lanes), name=f"{how}_lane")
@@ -139,15 +145,26 @@ def _layer_norm(
     def cells(i: Index, ks: list[IterVar]) -> Index:
         return (*i, *(k.var for k in ks))
 
-    k1 = reduce_axes("ln_mean", range(axis, len(x.shape)), x.shape)
-    mean = compute_of(rows, lambda i: te.sum(x[cells(i, k1)] * inv, k1), f"{name}.mean")
-    k2 = reduce_axes("ln_var", range(axis, len(x.shape)), x.shape)
+    n = x.shape[-1]
+    lanes = next((f for f in LANE_PARTIALS if n % f == 0 and n > f), 0)
+    if axis == len(x.shape) - 1 and lanes:
 
-    def centred_square(i: Index) -> E.Expr:
-        d = x[cells(i, k2)] - mean[i]
-        return te.sum(d * d * inv, k2)
+        def square(r: Index, k: E.Expr) -> E.Expr:
+            d = x[(*r, k)] - mean[r]
+            return d * d * inv
 
-    var = compute_of(rows, centred_square, f"{name}.var")
+        mean = _lane_reduced(lambda r, k: x[(*r, k)] * inv, n, rows, lanes, "sum", f"{name}.mean")
+        var = _lane_reduced(square, n, rows, lanes, "sum", f"{name}.var")
+    else:
+        k1 = reduce_axes("ln_mean", range(axis, len(x.shape)), x.shape)
+        mean = compute_of(rows, lambda i: te.sum(x[cells(i, k1)] * inv, k1), f"{name}.mean")
+        k2 = reduce_axes("ln_var", range(axis, len(x.shape)), x.shape)
+
+        def centred_square(i: Index) -> E.Expr:
+            d = x[cells(i, k2)] - mean[i]
+            return te.sum(d * d * inv, k2)
+
+        var = compute_of(rows, centred_square, f"{name}.var")
 
     def body(i: Index) -> E.Expr:
         r = i[:axis]

@@ -382,3 +382,26 @@ def test_large_outputs_get_a_parallel_loop_with_their_reductions_inside() -> Non
         assert "parallel(" in text and "vectorized(16)" in text
         assert all(s.attach in ("at", "inline") for s in sch.stages if s.tensor not in args)
     assert run_graph(g) == 2
+
+
+def test_row_softmax_and_layer_norm_reduce_per_lane_then_across_the_lanes() -> None:
+    g = Graph("lanes")
+    x = g.add_input("x", (3, 5, 48))  # 48 = 3 x 16 lanes
+    y = g.add_input("y", (6, 24))  # 24 = 3 x 8 lanes
+    z = g.add_input("z", (4, 13))  # no lane count divides 13: one reduction loop
+    soft = op(g, "softmax", [op(g, "mul", [x, scalar(g, "k", 30.0)])], axis=-1)
+    norm = op(g, "layer_norm", [y, const(g, "s", (24,)), const(g, "b", (24,))], axis=-1)
+    odd = op(g, "softmax", [z], axis=-1)
+    g.set_outputs([soft, norm, odd])
+    plan = P.fuse(g)
+    lanes = {}
+    for group in plan.groups:
+        sch, args, _ = group_kernel(plan, group)
+        text = str(lower(sch, args, "k"))
+        lanes[group.outputs[0]] = [s.name for s in sch.stages if s.name.endswith(".lanes")]
+        if group.outputs[0] != odd:
+            assert text.count("vectorized(") >= 3  # the lane partials and the output
+    assert lanes[soft] == [f"{soft}.max.lanes", f"{soft}.sum.lanes"]
+    assert lanes[norm] == [f"{norm}.mean.lanes", f"{norm}.var.lanes"]
+    assert lanes[odd] == []
+    assert run_graph(g) == 3
