@@ -229,3 +229,9 @@ def test_a_block_that_does_not_divide_is_named() -> None:
     g.set_outputs([_conv(g, rng, x, 12)])
     with pytest.raises(GraphError, match="block 8 for 12 channels"):
         to_nchwc(g, lambda c: 8)
+
+
+def test_default_block_prefers_whole_half_vectors() -> None:
+    from compiler.graph.passes.layout import default_block
+
+    assert [default_block(c) for c in (64, 144, 24, 40, 12, 3, 7)] == [16, 16, 8, 8, 12, 3, 7]

@@ -36,8 +36,11 @@ POOLS = {p: f"{p}_nchwc" for p in ("max_pool2d", "avg_pool2d", "global_avg_pool2
 
 
 def default_block(channels: int) -> int:
-    """The largest divisor of `channels` up to one vector of float32 lanes (16)."""
-    return max(d for d in range(1, min(channels, VECTOR_LANES) + 1) if channels % d == 0)
+    """The largest divisor of `channels` up to one vector of float32 lanes (16) that is a whole
+    half vector (8 lanes: 24 channels take blocks of 8, not 12), else the largest divisor."""
+    fits = [d for d in range(1, min(channels, VECTOR_LANES) + 1) if channels % d == 0]
+    halves = [d for d in fits if d % (VECTOR_LANES // 2) == 0]
+    return max(halves or fits)
 
 
 class _Rewriter:
