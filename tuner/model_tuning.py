@@ -353,11 +353,18 @@ def tune_model(
     return ModelTuneResult(reports, skipped, curve, schedule, records_target)
 
 
+# What converting data between channel blocks costs, per byte of the tensor converted (read and
+# written once, in a gather the task's own timing does not see): about 10 GB/s measured here.
+LAYOUT_SECONDS_PER_BYTE = 1e-10
+
+
 def configs_from_records(graph: Graph, store: RecordStore, target: str) -> dict[TaskKey, Config]:
     """The best recorded config of each tunable task of `graph` on `target`, as `build_model` takes.
 
     Only records of today's config space (`space_size` checked) count; a task without one is
-    left out, so the builder uses its default.
+    left out, so the builder uses its default. A config with other channel blocks than the
+    default layout's is taken only when it beats the best that keeps them by more than the
+    conversions it brings cost (`layout_cost_s`), or none keeps them.
     """
     configs: dict[TaskKey, Config] = {}
     resolved = target_name(target)
@@ -370,6 +377,37 @@ def configs_from_records(graph: Graph, store: RecordStore, target: str) -> dict[
             if 0 <= r.config_index < size and mt.fits(r.config_index)
         ]
         best = rec.apply_best(fitting, mt.task.workload, resolved, size)
-        if best is not None:
-            configs[mt.spec.key] = mt.task.space.get(best.index)
+        if best is None:
+            continue
+        keeping = [r for r in fitting if _fits(mt.task.space.get(r.config_index), mt.blocks)]
+        kept = rec.apply_best(keeping, mt.task.workload, resolved, size)
+        if kept is not None:
+            cost = layout_cost_s(mt, mt.task.space.get(best.index))
+            if kept.median_s - best.median_s <= cost:
+                best = kept
+        configs[mt.spec.key] = mt.task.space.get(best.index)
     return configs
+
+
+def layout_cost_s(mt: ModelTask, config: Mapping[str, object]) -> float:
+    """Seconds the block conversions of `config` are expected to cost around one conv of `mt`:
+    its input converted when the input block differs from the default layout's, its output
+    when the output block does (`LAYOUT_SECONDS_PER_BYTE`)."""
+    shape = mt.task.workload.shape
+    if mt.spec.anchor_op != "conv2d_nchwc" or len(shape) < 8:
+        return 0.0
+    if "c_block" in mt.blocks:  # depthwise (N, C, H, W, KH, KW, stride, pad)
+        n, c, h, w, kh, kw, stride, pad = shape[:8]
+        oc = c
+        changed_in = changed_out = config.get("c_block") != mt.blocks["c_block"]
+    else:  # (N, IC, H, W, OC, KH, KW, stride, pad, ...)
+        n, c, h, w, oc, kh, kw, stride, pad = shape[:9]
+        changed_in = config.get("ic_block", mt.blocks.get("ic_block")) != mt.blocks.get("ic_block")
+        changed_out = config.get("oc_block") != mt.blocks.get("oc_block")
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1
+    moved = changed_in * n * c * h * w + changed_out * n * oc * oh * ow
+    return 4 * moved * LAYOUT_SECONDS_PER_BYTE
+
+
+def _fits(config: Mapping[str, object], blocks: Mapping[str, int]) -> bool:
+    return all(config[k] == v for k, v in blocks.items() if k in config)

@@ -306,3 +306,41 @@ def test_configs_from_records_pick_the_best_of_this_space_and_target(
     assert best is not None
     assert any(s.config is not None and dict(s.config.items()) == best.knobs for s in plan.steps)
     assert configs_from_records(graph, FileRecords(tmp_path / "none.jsonl"), TARGET) == {}
+
+
+def test_a_config_changing_channel_blocks_must_pay_for_the_conversions(
+    graph: Graph, tmp_path: Path
+) -> None:
+    from tuner.model_tuning import layout_cost_s
+
+    tunable, _ = model_tasks(graph)
+    mt = tunable[1]  # conv2d_nchwc 32 -> 32, default blocks 16
+    space, wl = mt.task.space, mt.task.workload
+    keeps = next(
+        i for i in range(len(space)) if space.get(i)["ic_block"] == 16 == space.get(i)["oc_block"]
+    )
+    moves = next(i for i in range(len(space)) if space.get(i)["ic_block"] == 32)
+    cost = layout_cost_s(mt, space.get(moves))
+    assert cost > 0 and layout_cost_s(mt, space.get(keeps)) == 0.0
+
+    def pick(kept_s: float, moved_s: float) -> int:
+        store = FileRecords(tmp_path / f"{kept_s}-{moved_s}.jsonl")
+        store.append(
+            [
+                rec.Record(
+                    wl,
+                    TARGET,
+                    i,
+                    mt.task.knobs(i),
+                    MeasureResult(Status.OK, (t,)),
+                    1.0,
+                    "",
+                    len(space),
+                )
+                for i, t in ((keeps, kept_s), (moves, moved_s))
+            ]
+        )
+        return space.index_of(configs_from_records(graph, store, TARGET)[mt.spec.key])
+
+    assert pick(1.0, 1.0 - cost / 2) == keeps  # faster, but not by what converting costs
+    assert pick(1.0, 1.0 - 2 * cost) == moves
