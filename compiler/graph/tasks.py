@@ -58,7 +58,8 @@ class TaskSpec:
 
 
 def fused_relu(group: FusedGroup) -> Node | None:
-    """The ReLU a conv template's epilogue can apply: the next node, reading only the anchor."""
+    """The ReLU (or ReLU6: a clip to [0, 6]) a conv template's epilogue can apply: the next
+    node, reading only the anchor."""
     nodes = list(group.nodes)
     i = nodes.index(group.anchor)
     out = group.anchor.outputs[0]
@@ -66,9 +67,22 @@ def fused_relu(group: FusedGroup) -> Node | None:
         return None
     nxt = nodes[i + 1]
     readers = [n for n in nodes if out in n.inputs]
-    if nxt.op == "relu" and nxt.inputs == [out] and readers == [nxt]:
+    if nxt.inputs != [out] or readers != [nxt]:
+        return None
+    if nxt.op == "relu" or is_relu6(nxt):
         return nxt
     return None
+
+
+def is_relu6(node: Node) -> bool:
+    """Whether `node` clips to [0, 6] (MobileNet's ReLU6)."""
+    return (
+        node.op == "clip"
+        and node.attrs.get("min") is not None
+        and float(node.attrs["min"]) == 0.0
+        and node.attrs.get("max") is not None
+        and float(node.attrs["max"]) == 6.0
+    )
 
 
 def anchor_workload(graph: Graph, group: FusedGroup) -> AnchorWorkload:
@@ -112,8 +126,11 @@ def _conv_workload(graph: Graph, group: FusedGroup) -> AnchorWorkload:
         template = "conv2d_nchwc"
     if template == "depthwise_conv2d_nchwc":
         return AnchorWorkload(template, (n, ic, h, w, kh, kw, strides[0], pad), note, pads)
-    relu = fused_relu(group) is not None
-    epilogue = 2 if relu else (1 if len(node.inputs) > 2 else 0)
+    act = fused_relu(group)
+    relu = act is not None
+    epilogue = (
+        (3 if is_relu6(act) else 2) if act is not None else (1 if len(node.inputs) > 2 else 0)
+    )
     return AnchorWorkload(
         template, (n, ic, h, w, oc, kh, kw, strides[0], pad, epilogue), note, pads, relu
     )

@@ -1,7 +1,8 @@
 """conv2d in NCHW[x]c (TVM's x86 direct convolution), for KxK, 1x1 and the small-channel stem.
 
 Workload (N, IC, H, W, OC, KH, KW, stride, pad, epilogue), float32; H and W are the unpadded
-input's, `epilogue` is 0 (none), 1 (+ bias) or 2 (+ bias, then ReLU). Arguments, in order:
+input's, `epilogue` is 0 (none), 1 (+ bias), 2 (+ bias, then ReLU) or 3 (+ bias, then ReLU6,
+MobileNet's clip to [0, 6]). Arguments, in order:
 the pre-padded input `[N][IC/icb][H+2p][W+2p][icb]`, the packed weight
 `[OC/ocb][IC/icb][KH][KW][icb][ocb]`, the bias `[OC/ocb][ocb]` when there is an epilogue, and the
 output `[N][OC/ocb][OH][OW][ocb]` (see `layout`).
@@ -31,7 +32,8 @@ from compiler.schedule.schedule import Schedule, Stage, create_schedule
 from compiler.te.tensor import ComputeOp, IterVar, Reduce, Tensor
 
 FIELDS = ("N", "IC", "H", "W", "OC", "KH", "KW", "stride", "pad", "epilogue")
-EPILOGUES = {0: "none", 1: "bias", 2: "bias_relu"}
+EPILOGUES = {0: "none", 1: "bias", 2: "bias_relu", 3: "bias_relu6"}
+RELU6_CAP = 6.0
 # Where the output-channel block loop sits: outside the rows ("outer": a block's weights stay
 # in L1/L2 across the image) or inside the pixel tile ("inner": the input tile stays in L1).
 OC_ORDERS = ("outer", "inner")
@@ -59,9 +61,16 @@ def conv_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def conv2d_reference(
-    x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, stride: int, pad: int, relu: bool
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    stride: int,
+    pad: int,
+    relu: bool,
+    cap: float | None = None,
 ) -> np.ndarray:
-    """NCHW convolution of `x` with OIHW `w`, by numpy (float64 sums, float32 result)."""
+    """NCHW convolution of `x` with OIHW `w`, by numpy (float64 sums, float32 result); then
+    max(., 0) if `relu` and min(., cap) if `cap`."""
     _, _, h, wd = x.shape
     oc, _, kh, kw = w.shape
     xp = pad_spatial(x.astype(np.float64), pad)
@@ -81,6 +90,8 @@ def conv2d_reference(
         out += bias.reshape(1, oc, 1, 1)
     if relu:
         out = np.maximum(out, 0.0)
+    if cap is not None:
+        out = np.minimum(out, cap)
     return out.astype(np.float32)
 
 
@@ -105,12 +116,17 @@ def conv2d_nchwc_compute(
     )
 
 
-def epilogue_compute(conv: Tensor, bias: Tensor, relu: bool, name: str = "out") -> Tensor:
-    """conv + bias per output channel, then max(., 0) if `relu`, in NCHW[x]c."""
+def epilogue_compute(
+    conv: Tensor, bias: Tensor, relu: bool, name: str = "out", cap: float | None = None
+) -> Tensor:
+    """conv + bias per output channel, then max(., 0) if `relu` and min(., cap) if `cap`, in
+    NCHW[x]c."""
 
     def body(b: E.Var, co: E.Var, y: E.Var, xx: E.Var, ci: E.Var) -> E.Expr:
-        value = conv[b, co, y, xx, ci] + bias[co, ci]
-        return E.Max(value, E.FloatImm(0.0)) if relu else value
+        value: E.Expr = conv[b, co, y, xx, ci] + bias[co, ci]
+        if relu:
+            value = E.Max(value, E.FloatImm(0.0))
+        return E.Min(value, E.FloatImm(cap)) if cap is not None else value
 
     return te.compute(conv.shape, body, name=name)
 
@@ -169,7 +185,8 @@ class Conv2dNCHWcTemplate(OpTemplate):
         """The NCHW output for logical inputs (x, w[, bias])."""
         *_, stride, pad, epilogue, _, _ = self.geometry(shape)
         bias = inputs[2] if epilogue else None
-        return conv2d_reference(inputs[0], inputs[1], bias, stride, pad, epilogue == 2)
+        cap = RELU6_CAP if epilogue == 3 else None
+        return conv2d_reference(inputs[0], inputs[1], bias, stride, pad, epilogue >= 2, cap)
 
     def flop(self, shape: tuple[int, ...]) -> float:
         n, ic, _, _, oc, kh, kw, _, _, _, oh, ow = self.geometry(shape)
@@ -184,7 +201,8 @@ class Conv2dNCHWcTemplate(OpTemplate):
         if not epilogue:
             return [x, wt, conv]
         bias = te.placeholder((oc // ocb, ocb), name="bias")
-        out = epilogue_compute(conv, bias, relu=epilogue == 2)
+        cap = RELU6_CAP if epilogue == 3 else None
+        out = epilogue_compute(conv, bias, relu=epilogue >= 2, cap=cap)
         return [x, wt, bias, out]
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:

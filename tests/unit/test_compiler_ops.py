@@ -35,11 +35,16 @@ CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
             (1, 32, 9, 9, 32, 3, 3, 1, 1, 0),
             (1, 16, 7, 11, 48, 3, 3, 2, 1, 2),
             (2, 3, 6, 5, 5, 3, 3, 1, 0, 1),
+            (1, 16, 6, 6, 16, 3, 3, 1, 1, 3),  # ReLU6: sums of 144 products pass 6
         ],
         (1, 2, 4, 3, 2, 3, 3, 1, 1, 2),
     ),
     "conv2d_1x1_nchwc": (
-        [(1, 32, 9, 9, 64, 1, 1, 2, 0, 0), (1, 16, 5, 7, 16, 1, 1, 1, 0, 1)],
+        [
+            (1, 32, 9, 9, 64, 1, 1, 2, 0, 0),
+            (1, 16, 5, 7, 16, 1, 1, 1, 0, 1),
+            (1, 64, 4, 4, 32, 1, 1, 1, 0, 3),
+        ],
         (1, 4, 3, 3, 2, 1, 1, 2, 0, 0),
     ),
     "conv2d_stem_nchwc": (
@@ -178,7 +183,7 @@ def test_registry_keeps_matmul_and_names_the_known_templates() -> None:
         ("dense", (4, 4), r"\(M, N, K\) of positive ints"),
         ("dense", (4, 0, 4), "positive ints"),
         ("conv2d_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, -1, 0), "pad, epilogue may be 0"),
-        ("conv2d_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 0, 3), "epilogue must be one of"),
+        ("conv2d_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 0, 4), "epilogue must be one of"),
         ("conv2d_nchwc", (1, 3, 2, 2, 8, 5, 5, 1, 1, 0), "does not fit"),
         ("conv2d_1x1_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 1, 0), "kernel must be 1x1"),
         ("max_pool2d_nchwc", (1, 3, 4, 4, 2, 1, 2), "pad 2 must be smaller"),

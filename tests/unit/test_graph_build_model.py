@@ -147,6 +147,16 @@ def test_conv_bn_relu() -> None:
     assert "kernels" in built.summary
 
 
+def test_relu6_after_a_conv_is_the_templates_epilogue() -> None:
+    n = Net(11)
+    n.inits.append(numpy_helper.from_array(np.array(6.0, np.float32), "six"))
+    n.inits.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+    x = n.node("Clip", [n.bn(n.conv("x", 16, 32, 1, pads=(0, 0, 0, 0)), 32), "zero", "six"])
+    y = n.node("Clip", [n.bn(n.conv(x, 32, 32, 3), 32), "zero", "six"])
+    built = check_model(n.model({"x": (1, 16, 9, 9)}, [n.node("Mul", [y, x])]), seed=4)
+    assert sorted(t.workload[-1] for t in built.tasks) == [3, 3]  # bias + ReLU6 fused
+
+
 def test_residual_block_with_asymmetric_pads_and_strides() -> None:
     n = Net(2)
     x = n.node("Relu", [n.bn(n.conv("x", 8, 16, 3), 16)])
