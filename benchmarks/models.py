@@ -36,6 +36,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import ctypes  # noqa: E402
 import importlib  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
@@ -55,9 +56,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from compiler import models  # noqa: E402
 from compiler.frontend.onnx import from_onnx  # noqa: E402
-from compiler.graph.build_model import ModelArtifact, build_model, plan_model  # noqa: E402
+from compiler.graph.build_model import (  # noqa: E402
+    MODEL_ENTRY,
+    ModelArtifact,
+    ModelPlan,
+    build_model,
+    plan_model,
+)
 from compiler.graph.ir import Graph  # noqa: E402
 from compiler.toolchain import CACHE_ENV  # noqa: E402
+from device_agent import abi  # noqa: E402
 from tuner.model_timing import (  # noqa: E402
     NativeModel,
     OrtPeer,
@@ -148,9 +156,79 @@ def build(
     return Build(label, artifact, configs, build_s, NativeModel(artifact, inputs))
 
 
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel's median seconds per call, run alone with the model's buffers."""
+
+    symbol: str
+    group: int
+    role: str
+    ops: str  # the fused group's ops, "+"-joined
+    anchor_op: str
+    seconds: float
+
+
+def kernel_seconds(
+    native: NativeModel, plan: ModelPlan, min_repeat_ms: float = 10.0
+) -> list[KernelTime]:
+    """Each kernel timed alone (median of 3 native repeats), in the order the entry calls them.
+
+    `plan` must be the plan this artifact was built from (`plan_model` with the same graph,
+    configs and target); its kernel symbols are checked against the artifact's.
+
+    Raises:
+        ValueError: the plan's kernels are not the artifact's.
+    """
+    symbols = [s.kernel.symbol for s in plan.steps]
+    built = [e.symbol for e in native.model.artifact.entries if e.symbol != MODEL_ENTRY]
+    if symbols != built:
+        raise ValueError("the plan's kernels differ from the artifact's: not its plan")
+    g = plan.graph
+    groups = {grp.index: grp for grp in plan.fusion.groups}
+    base = native.workspace.ctypes.data
+    out: list[KernelTime] = []
+    for step in plan.steps:
+        addresses = []
+        for v in (*step.reads, *step.writes):
+            if v in g.inputs:
+                addresses.append(native.inputs[g.inputs.index(v)].ctypes.data)
+            elif v in g.outputs:
+                addresses.append(native.outputs[g.outputs.index(v)].ctypes.data)
+            elif v in plan.values.constants:
+                addresses.append(native.params[plan.params.index(v)].ctypes.data)
+            else:
+                addresses.append(base + plan.memory.offset(v))
+        args = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+        timer = abi.bind_timing(native.lib, native.model.artifact.entries[len(out)].timing_symbol)
+        cfg = abi.TimingConfigC(
+            warmup=1,
+            number=1,
+            repeat=3,
+            min_repeat_ms=min_repeat_ms,
+            cooldown_ms=0.0,
+            flush_buf=None,
+            flush_bytes=0,
+        )
+        samples = (ctypes.c_double * 3)()
+        if timer(args, ctypes.byref(cfg), samples, None) != 0:
+            raise RuntimeError(f"timing entry of {step.kernel.symbol} returned an error")
+        grp = groups[step.group]
+        out.append(
+            KernelTime(
+                step.kernel.symbol,
+                step.group,
+                step.role,
+                "+".join(grp.ops),
+                grp.anchor.op,
+                statistics.median(samples),
+            )
+        )
+    return out
+
+
 def profile(name: str, graph: Graph, b: Build, top: int) -> None:
     """Print the `top` slowest kernels of a build, timed one by one, and time by anchor op."""
-    times = b.native.kernel_seconds(plan_model(graph, b.configs))
+    times = kernel_seconds(b.native, plan_model(graph, b.configs))
     total = sum(t.seconds for t in times)
     whole = statistics.median(b.times_s) if b.times_s else float("nan")
     print(

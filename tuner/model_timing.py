@@ -5,9 +5,8 @@ Used by `kiln demo` and `benchmarks/models.py`.
 `NativeModel` loads a `ModelArtifact`'s shared object with ctypes, owns its params, a 64-byte
 aligned workspace and output buffers, and calls the C entry `kiln_model_run` (see
 `compiler/graph/build_model.py` for its ABI) with argument arrays packed once, so a timed call
-costs one ctypes call over the model's own work. `kernel_seconds` times each kernel of the model
-on its own through the kernel's generated timing entry (`<symbol>__time`), with the argument
-pointers the entry would pass (recomputed from `plan_model`, which is deterministic).
+costs one ctypes call over the model's own work (`benchmarks/models.py` times its kernels one
+by one through their timing entries).
 `OrtPeer` is onnxruntime on one intra-op and one inter-op thread, sequential, all graph
 optimizations. `loop_seconds` times any callable the same way for both.
 """
@@ -15,17 +14,14 @@ optimizations. `loop_seconds` times any callable the same way for both.
 from __future__ import annotations
 
 import ctypes
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from compiler.graph.build_model import MODEL_ENTRY, ModelArtifact, ModelPlan
-from device_agent import abi
+from compiler.graph.build_model import ModelArtifact
 
 ALIGNMENT = 64  # bytes: what `kiln_model_run` requires of the workspace
 
@@ -44,18 +40,6 @@ def _c_dtype(dtype: str) -> np.dtype:
 
 def _pointers(arrays: list[np.ndarray]) -> ctypes.Array[ctypes.c_void_p]:
     return (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
-
-
-@dataclass(frozen=True)
-class KernelTime:
-    """One kernel's median seconds per call, run alone with the model's buffers."""
-
-    symbol: str
-    group: int
-    role: str
-    ops: str  # the fused group's ops, "+"-joined
-    anchor_op: str
-    seconds: float
 
 
 class NativeModel:
@@ -102,61 +86,6 @@ class NativeModel:
             (o != 0) if s.dtype == "bool" else o.copy()
             for o, s in zip(self.outputs, self.model.outputs, strict=True)
         ]
-
-    def kernel_seconds(self, plan: ModelPlan, min_repeat_ms: float = 10.0) -> list[KernelTime]:
-        """Each kernel timed alone (median of 3 native repeats), in the order the entry calls them.
-
-        `plan` must be the plan this artifact was built from (`plan_model` with the same graph,
-        configs and target); its kernel symbols are checked against the artifact's.
-
-        Raises:
-            ValueError: the plan's kernels are not the artifact's.
-        """
-        symbols = [s.kernel.symbol for s in plan.steps]
-        built = [e.symbol for e in self.model.artifact.entries if e.symbol != MODEL_ENTRY]
-        if symbols != built:
-            raise ValueError("the plan's kernels differ from the artifact's: not its plan")
-        g = plan.graph
-        groups = {grp.index: grp for grp in plan.fusion.groups}
-        base = self.workspace.ctypes.data
-        out: list[KernelTime] = []
-        for step in plan.steps:
-            addresses = []
-            for v in (*step.reads, *step.writes):
-                if v in g.inputs:
-                    addresses.append(self.inputs[g.inputs.index(v)].ctypes.data)
-                elif v in g.outputs:
-                    addresses.append(self.outputs[g.outputs.index(v)].ctypes.data)
-                elif v in plan.values.constants:
-                    addresses.append(self.params[plan.params.index(v)].ctypes.data)
-                else:
-                    addresses.append(base + plan.memory.offset(v))
-            args = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
-            timer = abi.bind_timing(self.lib, self.model.artifact.entries[len(out)].timing_symbol)
-            cfg = abi.TimingConfigC(
-                warmup=1,
-                number=1,
-                repeat=3,
-                min_repeat_ms=min_repeat_ms,
-                cooldown_ms=0.0,
-                flush_buf=None,
-                flush_bytes=0,
-            )
-            samples = (ctypes.c_double * 3)()
-            if timer(args, ctypes.byref(cfg), samples, None) != 0:
-                raise RuntimeError(f"timing entry of {step.kernel.symbol} returned an error")
-            grp = groups[step.group]
-            out.append(
-                KernelTime(
-                    step.kernel.symbol,
-                    step.group,
-                    step.role,
-                    "+".join(grp.ops),
-                    grp.anchor.op,
-                    statistics.median(samples),
-                )
-            )
-        return out
 
 
 class OrtPeer:
