@@ -37,6 +37,8 @@ from tuner.tune import TuningError
 
 if TYPE_CHECKING:
     from compiler.graph.ir import Graph
+    from tuner.builder import LocalBuilder
+    from tuner.runner.pool import PoolRunner
 
 
 class ModelCliError(Exception):
@@ -191,6 +193,32 @@ def report(result: ModelTuneResult) -> str:
     return "\n".join(lines)
 
 
+def tune_from_args(
+    args: argparse.Namespace,
+    graph: Graph,
+    runner: PoolRunner,
+    builder: LocalBuilder,
+    store: RecordStore | None,
+) -> ModelTuneResult:
+    """`tune_model` with the tuning flags of `args` (`kiln tune` and `kiln demo`), progress on
+    stderr; a task retires after `--early-stop` trials without gain (default MODEL_EARLY_STOP)."""
+    return tune_model(
+        graph,
+        runner,
+        builder,
+        store,
+        total_trials=args.trials,
+        batch_size=args.batch,
+        target=args.target,
+        seed=args.seed,
+        early_stop_per_task=args.early_stop if args.early_stop is not None else MODEL_EARLY_STOP,
+        confirm=args.confirm,
+        on_batch=_progress,
+        resume=args.resume,
+        searcher_factory=_searcher_factory(args, store),
+    )
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from tuner import cli
 
@@ -207,21 +235,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         stack.callback(builder.close)
         stack.callback(runner.close)
         try:
-            result = tune_model(
-                graph,
-                runner,
-                builder,
-                store,
-                total_trials=args.trials,
-                batch_size=args.batch,
-                target=args.target,
-                seed=args.seed,
-                early_stop_per_task=args.early_stop,
-                confirm=args.confirm,
-                on_batch=_progress,
-                resume=args.resume,
-                searcher_factory=_searcher_factory(args, store),
-            )
+            result = tune_from_args(args, graph, runner, builder, store)
         except KeyboardInterrupt:
             if store is not None:
                 print(

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner import table
-from tuner.model_cli import MODEL_EARLY_STOP, ModelCliError, _progress, _searcher_factory, report
-from tuner.model_tuning import configs_from_records, model_tasks, tune_model
+from tuner.model_cli import ModelCliError, report, tune_from_args
+from tuner.model_tuning import configs_from_records, model_tasks
 from tuner.record_store import FileRecords
 from tuner.runner.pool import PoolConfig
 
@@ -89,7 +89,6 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
     graph = from_onnx(proto)
     tunable, skipped = model_tasks(graph)
     feeds = seeded_feeds(proto, args.seed, models.BERT_VOCAB)
-    early_stop = args.early_stop if args.early_stop is not None else MODEL_EARLY_STOP
     print(
         f"Kiln demo: {args.model} ({len(graph.nodes)} ONNX-level nodes, {len(tunable)} tuning "
         f"tasks) tuned with the {args.tuner} tuner for up to {args.trials} trials on a local pool",
@@ -113,21 +112,7 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
         stack.callback(builder.close)
         stack.callback(runner.close)
         started = time.monotonic()
-        result = tune_model(
-            graph,
-            runner,
-            builder,
-            store,
-            total_trials=args.trials,
-            batch_size=args.batch,
-            target=args.target,
-            seed=args.seed,
-            early_stop_per_task=early_stop,
-            confirm=args.confirm,
-            on_batch=_progress,
-            resume=args.resume,
-            searcher_factory=_searcher_factory(args, store),
-        )
+        result = tune_from_args(args, graph, runner, builder, store)
         tune_s = time.monotonic() - started
         print(report(result))
         configs = configs_from_records(graph, store, args.target)
