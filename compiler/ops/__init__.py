@@ -1,7 +1,8 @@
 """The op library: compute definitions with numpy references and tunable schedule templates.
 
 Templates: `dense` (packed weights), `conv2d_nchwc` (KxK), `conv2d_1x1_nchwc`,
-`conv2d_stem_nchwc` (few input channels), `depthwise_conv2d_nchwc`, `max_pool2d_nchwc`,
+`conv2d_stem_nchwc` (few input channels), `conv2d_winograd_nchwc` (3x3 stride 1),
+`depthwise_conv2d_nchwc`, `max_pool2d_nchwc`,
 `avg_pool2d_nchwc`, `global_avg_pool2d_nchwc`, `softmax`, `layer_norm`, elementwise `add`,
 `multiply`, `relu`, `add_relu`, `reduce_sum`, and the skeleton's `matmul` (plain [K][N] B).
 `layout` holds the NCHW <-> NCHW[x]c and weight packings they take.
@@ -19,6 +20,7 @@ from compiler.ops.normalization import LayerNormTemplate, SoftmaxTemplate
 from compiler.ops.pool import GlobalAvgPoolTemplate, Pool2dTemplate
 from compiler.ops.reduction import ReduceSumTemplate
 from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.ops.winograd import Conv2dWinogradTemplate
 
 _LIBRARY: tuple[Template, ...] = (
     MatmulTemplate(),
@@ -26,6 +28,7 @@ _LIBRARY: tuple[Template, ...] = (
     Conv2dNCHWcTemplate(),
     Conv2d1x1Template(),
     Conv2dStemTemplate(),
+    Conv2dWinogradTemplate(),
     DepthwiseConv2dTemplate(),
     Pool2dTemplate("max"),
     Pool2dTemplate("avg"),

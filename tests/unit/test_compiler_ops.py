@@ -51,6 +51,14 @@ CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
         [(1, 3, 21, 19, 32, 7, 7, 2, 3, 2), (1, 3, 10, 10, 16, 3, 3, 1, 1, 0)],
         (1, 3, 5, 5, 2, 3, 3, 2, 1, 1),
     ),
+    "conv2d_winograd_nchwc": (
+        [
+            (1, 32, 8, 8, 32, 3, 3, 1, 1, 2),
+            (1, 16, 7, 9, 48, 3, 3, 1, 1, 1),  # tiles past the image's edge
+            (2, 16, 6, 5, 16, 3, 3, 1, 0, 3),
+        ],
+        (1, 2, 5, 3, 2, 3, 3, 1, 1, 2),
+    ),
     "depthwise_conv2d_nchwc": (
         [(1, 32, 9, 9, 3, 3, 1, 1), (2, 16, 8, 7, 3, 3, 2, 1), (1, 5, 6, 6, 5, 5, 1, 2)],
         (1, 2, 4, 4, 3, 3, 1, 1),
@@ -186,6 +194,8 @@ def test_registry_keeps_matmul_and_names_the_known_templates() -> None:
         ("conv2d_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 0, 4), "epilogue must be one of"),
         ("conv2d_nchwc", (1, 3, 2, 2, 8, 5, 5, 1, 1, 0), "does not fit"),
         ("conv2d_1x1_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 1, 0), "kernel must be 1x1"),
+        ("conv2d_winograd_nchwc", (1, 3, 9, 9, 8, 3, 3, 2, 1, 0), "3x3 kernel of stride 1"),
+        ("conv2d_winograd_nchwc", (1, 3, 9, 9, 8, 5, 5, 1, 2, 0), "3x3 kernel of stride 1"),
         ("max_pool2d_nchwc", (1, 3, 4, 4, 2, 1, 2), "pad 2 must be smaller"),
         ("reduce_sum", (3, 4, 2), "axis must be 0 or 1"),
     ],
