@@ -204,7 +204,9 @@ class _Lowering:
         if not depthwise:
             blocks["oc_block"] = ocb
         config = self.config_for(aw, blocks)
-        x = self.padded(group, x, aw.pads)
+        top, left, bottom, right = aw.pads
+        below, beyond = template.extra_padding(aw.workload, config)
+        x = self.padded(group, x, (top, left, bottom + below, right + beyond))
         weight = logical_weight(aw.template, self.values.constants[node.inputs[1]])
         n, c, h, w = xt.shape[0], xt.shape[1] * xt.shape[4], xt.shape[2], xt.shape[3]
         logical = [np.zeros((n, c, h, w), np.float32), weight]

@@ -136,6 +136,12 @@ def conv2d_template(x: TensorType, w: TensorType, attrs: Attrs) -> str:
         return "conv2d_1x1_nchwc"
     if x.shape[1] <= STEM_MAX_IN_CHANNELS:
         return "conv2d_stem_nchwc"
+    if (
+        (kh, kw) == (3, 3)
+        and tuple(attrs.get("strides", (1, 1))) == (1, 1)
+        and tuple(attrs.get("dilations", (1, 1))) == (1, 1)
+    ):
+        return "conv2d_winograd_nchwc"
     return "conv2d_nchwc"
 
 

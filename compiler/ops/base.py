@@ -101,6 +101,12 @@ class OpTemplate:
         """
         return True
 
+    def extra_padding(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:
+        """Rows and columns of zeros a convolution reads below and right of its workload's
+        padded input: a template computing whole output tiles reads past the image's edge
+        (default: none)."""
+        return 0, 0
+
     def random_inputs(self, shape: tuple[int, ...], rng: np.random.Generator) -> list[np.ndarray]:
         """Logical inputs: float32 in [-1, 1)."""
         return [

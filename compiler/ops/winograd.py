@@ -40,7 +40,7 @@ from compiler.ops.util import ceil_div, channel_blocks
 from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.tensor import ComputeOp, Tensor
 
-TILES = (2, 4)  # m of F(m x m, 3 x 3)
+TILES = (4, 2)  # m of F(m x m, 3 x 3); the first is the default layout's
 _REG_P = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14)
 Matrix = tuple[tuple[Fraction, ...], ...]
 
@@ -205,6 +205,11 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
         m, nh, nw = self.tiling(shape, config)
         return nh * m + 2, nw * m + 2
 
+    def extra_padding(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:
+        _, _, h, w, _, _, _, _, pad, *_ = self.geometry(shape)
+        hp, wp = self.padded_hw(shape, config)
+        return hp - h - 2 * pad, wp - w - 2 * pad
+
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         n, ic, _, _, oc, _, _, _, _, epilogue, oh, ow = self.geometry(shape)
         icb, ocb = self.blocks(shape, config)
@@ -319,12 +324,12 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
     def pack_inputs(
         self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
     ) -> list[np.ndarray]:
-        _, _, h, w, _, _, _, _, pad, epilogue, _, _ = self.geometry(shape)
+        *_, pad, epilogue, _, _ = self.geometry(shape)
         icb, ocb = self.blocks(shape, config)
         m, _, _ = self.tiling(shape, config)
-        hp, wp = self.padded_hw(shape, config)
         x = np.asarray(inputs[0], np.float32)
-        widths = [(0, 0), (0, 0), (pad, hp - h - pad), (pad, wp - w - pad)]
+        below, right = self.extra_padding(shape, config)
+        widths = [(0, 0), (0, 0), (pad, pad + below), (pad, pad + right)]
         packed = [
             pack_nchwc(np.pad(x, widths), icb),
             transform_weight(np.asarray(inputs[1], np.float32), m, ocb),

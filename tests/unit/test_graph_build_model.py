@@ -175,6 +175,35 @@ def test_residual_block_with_asymmetric_pads_and_strides() -> None:
     assert weights[(1, 16, 10, 10, 16, 3, 3, 1, 1, 2)] == 1
 
 
+def test_3x3_stride_1_convs_run_by_winograd_over_inputs_padded_to_whole_tiles() -> None:
+    """A 7x7 image is two F(4x4) tiles a side: the pad step writes the rows and columns the last
+    tile reads past the image, for symmetric and asymmetric pads alike, under either tile size."""
+    n = Net(5)
+    x = n.node("Relu", [n.bn(n.conv("x", 16, 16, 3), 16)])
+    y = n.conv(x, 16, 32, 3, pads=(1, 0, 1, 2))  # asymmetric: a workload of pad 0 over 9x9
+    model = n.model({"x": (1, 16, 7, 7)}, [y])
+    built = check_model(model, seed=3)
+    assert [t.template for t in built.tasks] == ["conv2d_winograd_nchwc"] * 2
+    assert sorted(t.workload for t in built.tasks) == [
+        (1, 16, 7, 7, 16, 3, 3, 1, 1, 2),
+        (1, 16, 9, 9, 32, 3, 3, 1, 0, 0),
+    ]
+    graph = from_onnx(model)
+    template = get_template("conv2d_winograd_nchwc")
+    configs = {}
+    for task in built.tasks:
+        space = template.config_space(task.workload)
+        configs[task.key] = next(
+            c for c in (space.get(i) for i in range(len(space))) if c["tile"] == 2
+        )
+    tuned = build_model(graph, configs)
+    assert tuned.artifact.sha256 != built.artifact.sha256
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 16, 7, 7)).astype(np.float32)}
+    want = np.asarray(ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0])
+    got = ModelRunner(tuned).run(feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max())
+
+
 def test_pools_and_dense_head_with_two_outputs() -> None:
     n = Net(3)
     x = n.node("Relu", [n.conv("x", 4, 16, 3)])
