@@ -76,6 +76,28 @@ def test_an_artifact_the_agent_evicted_is_uploaded_again() -> None:
     assert a.artifact.sha256[:16] in cached and b.artifact.sha256[:16] not in cached
 
 
+def test_a_lease_kept_past_its_ttl_is_replaced_not_an_error(pool: LocalPool) -> None:
+    # After tuning, `kiln demo` builds the model (longer than a lease TTL) and then runs it on
+    # the pool: the lease kept from the last batch has lapsed by then, and the run must take a
+    # new one instead of failing with "the lease ended".
+    built = build_one(Workload("matmul", (16, 16, 16)), 0, "host")
+    assert built.artifact is not None
+    config = PoolConfig(
+        tracker=pool.tracker_address, key=pool.key, token=pool.client_token, lease_ttl_s=1.0
+    )
+    runner = PoolRunner(config, FAST)
+    try:
+        [first] = runner.run([built.artifact])
+        assert first.status is Status.OK, first.error
+        kept = runner.device_tags()[0]
+        time.sleep(2.5)  # the kept lease expires (the tracker reaps it)
+        again = runner.measure_entry(built.artifact, built.artifact.entries[0].symbol)
+    finally:
+        runner.close()
+    assert again.status is Status.OK, again.error
+    assert again.device_id == kept  # the pool's only device, leased anew
+
+
 def test_unknown_key_gives_no_device_within_the_deadline(pool: LocalPool) -> None:
     built = build_one(Workload("matmul", (8, 8, 8)), 0, "host")
     assert built.artifact is not None

@@ -273,13 +273,18 @@ class PoolRunner:
         return serde.measure_result(msg)
 
     def _one_lease(self) -> tracker_pb2.Lease:
-        if not self._leases:
-            self._leases.append(self._acquire(self.pool.acquire_timeout_s))
-        lease = self._fresh(self._leases[0])
-        if lease is None:
+        """A live lease: a kept one renewed, or a new one. A lease kept from an earlier batch
+        may have lapsed while the caller did other work (building a model takes longer than a
+        TTL); nothing was running on it, so another lease serves as well."""
+        while self._leases:
+            lease = self._fresh(self._leases[0])
+            if lease is not None:
+                self._leases[0] = lease
+                return lease
+            _LOG.info("kept lease %s ended; acquiring another", self._leases[0].lease_id)
             self._leases.pop(0)
-            raise NoDeviceError(f"the lease on key={self.pool.key!r} ended")
-        self._leases[0] = lease
+        lease = self._acquire(self.pool.acquire_timeout_s)
+        self._leases.append(lease)
         return lease
 
     def _ensure_uploaded(self, lease: tracker_pb2.Lease, art: Artifact) -> MeasureResult | None:
