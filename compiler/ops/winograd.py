@@ -197,7 +197,7 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
     def tiling(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int, int]:
         """(m, nH, nW) of `config` (None: F(4x4))."""
         *_, oh, ow = self.geometry(shape)
-        m = int(config["tile"]) if config is not None else TILES[-1]
+        m = int(config["tile"]) if config is not None else TILES[0]
         return m, ceil_div(oh, m), ceil_div(ow, m)
 
     def padded_hw(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:

@@ -71,9 +71,9 @@ def test_tune_a_model_then_build_it_from_the_records(tmp_path: Path) -> None:
     assert len(loaded) == 8
     # each task's fastest configs (up to 4) measured twice more at the end: --confirm 4
     assert 0 < len(every) - 8 <= 2 * 2 * 4 and all(r.confirmation for r in every[8:])
-    assert {r.workload.op for r in loaded} == {"conv2d_stem_nchwc", "conv2d_nchwc"}
+    assert {r.workload.op for r in loaded} == {"conv2d_stem_nchwc", "conv2d_winograd_nchwc"}
     assert sum(r.result.ok for r in loaded) > 0
-    for op in ("conv2d_stem_nchwc", "conv2d_nchwc"):  # one row per task in the final table
+    for op in ("conv2d_stem_nchwc", "conv2d_winograd_nchwc"):  # one row per task in the final table
         assert f"| {op}(" in out.stdout, out.stdout
     assert "estimated latency:" in out.stdout and "after 8 trials" in out.stdout
 
@@ -95,7 +95,7 @@ def test_tune_a_model_then_build_it_from_the_records(tmp_path: Path) -> None:
     for name in ("model.so", "params.npz", "model.json"):
         assert (artifact / name).is_file()
     meta = json.loads((artifact / "model.json").read_text())
-    assert {t["template"] for t in meta["tasks"]} == {"conv2d_stem_nchwc", "conv2d_nchwc"}
+    assert {t["template"] for t in meta["tasks"]} == {"conv2d_stem_nchwc", "conv2d_winograd_nchwc"}
 
     x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)
     want = ort.InferenceSession(model.read_bytes()).run(None, {"x": x})[0]

@@ -159,21 +159,26 @@ def test_registry_has_the_contract_ops_with_their_categories() -> None:
 
 
 @pytest.mark.parametrize(
-    ("x", "w", "groups", "template"),
+    ("x", "w", "groups", "strides", "template"),
     [
-        ((1, 64, 56, 56), (64, 64, 3, 3), 1, "conv2d_nchwc"),
-        ((1, 64, 56, 56), (128, 64, 1, 1), 1, "conv2d_1x1_nchwc"),
-        ((1, 3, 224, 224), (64, 3, 7, 7), 1, "conv2d_stem_nchwc"),
-        ((1, 32, 56, 56), (32, 1, 3, 3), 32, "depthwise_conv2d_nchwc"),
+        ((1, 64, 56, 56), (64, 64, 3, 3), 1, (1, 1), "conv2d_winograd_nchwc"),
+        ((1, 64, 56, 56), (128, 64, 3, 3), 1, (2, 2), "conv2d_nchwc"),
+        ((1, 64, 56, 56), (128, 64, 1, 1), 1, (1, 1), "conv2d_1x1_nchwc"),
+        ((1, 3, 224, 224), (64, 3, 7, 7), 1, (2, 2), "conv2d_stem_nchwc"),
+        ((1, 32, 56, 56), (32, 1, 3, 3), 32, (1, 1), "depthwise_conv2d_nchwc"),
     ],
 )
 def test_conv2d_template_choice(
-    x: tuple[int, ...], w: tuple[int, ...], groups: int, template: str
+    x: tuple[int, ...],
+    w: tuple[int, ...],
+    groups: int,
+    strides: tuple[int, int],
+    template: str,
 ) -> None:
     g = Graph()
     xv = g.add_input("x", x)
     wv = g.add_constant("w", np.zeros(w, np.float32))
-    attrs = {"groups": groups, "pads": (0, 0, 0, 0)}
+    attrs = {"groups": groups, "pads": (0, 0, 0, 0), "strides": strides}
     out = infer("conv2d", g.types[xv], g.types[wv], **attrs)
     g.add_node("conv2d", [xv, wv], out, attrs)
     assert node_template(g, g.nodes[0]) == template

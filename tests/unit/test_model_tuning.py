@@ -155,8 +155,8 @@ def test_tasks_and_the_one_no_template_covers(graph: Graph) -> None:
     tunable, skipped = model_tasks(graph)
     assert [(t.spec.template, t.spec.weight) for t in tunable] == [
         ("conv2d_stem_nchwc", 1),
-        ("conv2d_nchwc", 2),
-        ("conv2d_nchwc", 1),
+        ("conv2d_winograd_nchwc", 2),  # 3x3 stride 1: Winograd
+        ("conv2d_winograd_nchwc", 1),
     ]
     assert tunable[0].blocks == {"ic_block": 3, "oc_block": 16}
     [spec] = skipped
