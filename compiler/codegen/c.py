@@ -9,7 +9,10 @@ region, each top-level parallel loop as `#pragma omp for` and every other top-le
 under `#pragma omp single`; a parallel loop nested in a serial one opens its own region.
 Allocations of up to STACK_LIMIT_BYTES are aligned stack arrays (per thread inside a parallel
 loop), larger ones aligned heap blocks freed at the end of their scope (a kernel returns
-ALLOC_FAILED, or aborts inside a parallel region, when memory runs out).
+ALLOC_FAILED, or aborts inside a parallel region, when memory runs out). A register-promoted
+buffer (`Buffer.registers`, lower/promote.py) is no array: each scalar slot is a local variable
+and each vector slot one `kiln_vec_*` variable per register-wide chunk, named by the first
+element it holds (`C_local_16`); constant indices pick the variable (and its lane).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import math
 import re
 from collections.abc import Sequence
 
+from compiler.arith import const_bounds
 from compiler.errors import CodegenError
 from compiler.ir import expr as E
+from compiler.ir.buffer import Buffer
 from compiler.ir.function import PrimFunc
 from compiler.ir.stmt import (
     Allocate,
@@ -32,6 +37,7 @@ from compiler.ir.stmt import (
     Stmt,
     Store,
 )
+from compiler.ir.transform import substitute_stmt, walk_stmts
 
 C_TYPES = {
     "float32": "float",
@@ -175,6 +181,8 @@ class FunctionWriter:
         self._names: dict[object, str] = {}
         self._taken: set[str] = set(_C_KEYWORDS) | {symbol}
         self._in_parallel = False
+        # register-promoted buffers declared so far: first element of each slot -> chunk width
+        self._registers: dict[Buffer, dict[int, int]] = {}
 
     def render(self) -> str:
         lines = [f"int32_t {self.symbol}(void **args) {{"]
@@ -212,6 +220,13 @@ class FunctionWriter:
         ct = _ctype(buf.dtype)
         name = self.name(buf)
         render = inner if callable(inner) else self.stmt
+        if buf.registers:
+            return [
+                f"{pad}{{",
+                *(f"{pad}  {decl}" for decl in self.declare_registers(buf)),
+                *render(s.body, depth + 1),
+                f"{pad}}}",
+            ]
         if buf.nbytes <= STACK_LIMIT_BYTES:
             return [
                 f"{pad}{{",
@@ -229,6 +244,53 @@ class FunctionWriter:
             f"{pad}  free({name});",
             f"{pad}}}",
         ]
+
+    def declare_registers(self, buf: Buffer) -> list[str]:
+        """Declarations of the variables of a register-promoted buffer's slots (uninitialised,
+        like an allocation)."""
+        from compiler.codegen.vector import _ITEM_BYTES, vector_type  # vector imports this module
+
+        widths: dict[int, int] = {}
+        lines = []
+        for start, lanes in buf.registers:
+            if lanes == 1:
+                widths[start] = 1
+                lines.append(f"{_ctype(buf.dtype)} {self.register_name(buf, start)};")
+                continue
+            width = min(lanes, max(1, self.vector_bytes // _ITEM_BYTES[buf.dtype]))
+            widths[start] = width
+            self.vec_types.add((buf.dtype, width))
+            chunks = [self.register_name(buf, c) for c in range(start, start + lanes, width)]
+            lines.append(f"{vector_type(buf.dtype, width)} {', '.join(chunks)};")
+        self._registers[buf] = widths
+        return lines
+
+    def in_registers(self, buf: Buffer) -> bool:
+        """Whether `buf` was declared as register variables (not an array) by this writer."""
+        return buf in self._registers
+
+    def register_width(self, buf: Buffer, start: int) -> int:
+        """Lanes per variable of the slot of `buf` starting at element `start`."""
+        return self._registers[buf][start]
+
+    def register_name(self, buf: Buffer, element: int) -> str:
+        """The variable of a register-promoted buffer whose first element is `element`."""
+        return self.name(_RegisterKey(buf, element))
+
+    def register_element(self, buf: Buffer, index: E.Expr) -> str:
+        """C for element `index` (a constant) of a register-promoted buffer."""
+        bounds = const_bounds(index, {}) if not E.free_vars(index) else None
+        slot = (
+            buf.register_slot(bounds[0]) if bounds is not None and bounds[0] == bounds[1] else None
+        )
+        if bounds is None or slot is None:
+            raise CodegenError(f"{buf.name}[{index}] is in none of its register slots")
+        element, (start, lanes) = bounds[0], slot
+        if lanes == 1:
+            return self.register_name(buf, start)
+        width = self.register_width(buf, start)
+        first = element - (element - start) % width
+        return f"{self.register_name(buf, first)}[{element - first}]"
 
     def name(self, node: E.Var | object) -> str:
         """A C identifier for a Var or Buffer, the same every time and unique in the function."""
@@ -263,6 +325,8 @@ class FunctionWriter:
         if isinstance(e, E.BufferLoad):
             raise CodegenError(f"BufferLoad of {e.buffer.name}: run storage flatten first")
         if isinstance(e, E.Load):
+            if self.in_registers(e.buffer):
+                return self.register_element(e.buffer, e.index)
             return f"{self.name(e.buffer)}[{self.expr(e.index)}]"
         if isinstance(e, E.FloorDiv | E.FloorMod):
             if e.dtype not in ("int32", "int64"):
@@ -282,6 +346,9 @@ class FunctionWriter:
     def stmt(self, s: Stmt, depth: int) -> list[str]:
         pad = "  " * depth
         if isinstance(s, Store):
+            if self.in_registers(s.buffer):
+                target = self.register_element(s.buffer, s.index)
+                return [f"{pad}{target} = {self.expr(s.value)};"]
             return [f"{pad}{self.name(s.buffer)}[{self.expr(s.index)}] = {self.expr(s.value)};"]
         if isinstance(s, Seq):
             return [line for child in s.stmts for line in self.stmt(child, depth)]
@@ -313,6 +380,15 @@ class FunctionWriter:
             vector = render_vector_loop(self, s, depth)
             if vector is not None:
                 return vector
+            if isinstance(s.extent, E.IntImm) and self._lanes_index_registers(s):
+                # Register variables take constant indices only: one copy of the body per lane.
+                return [
+                    line
+                    for lane in range(s.extent.value)
+                    for line in self.stmt(
+                        substitute_stmt(s.body, {s.var: E.IntImm(lane, s.var.dtype)}), depth
+                    )
+                ]
             pragmas.append("#pragma GCC ivdep")  # the schedule promised independent iterations
         elif s.kind is ForKind.UNROLLED:
             bound = constant_bound(s.extent)
@@ -327,6 +403,30 @@ class FunctionWriter:
             )
         return self.plain_loop(s, depth, pragmas)
 
+    def _lanes_index_registers(self, s: For) -> bool:
+        """Whether the body of loop `s` indexes a register-promoted buffer by `s.var`."""
+        for node in walk_stmts(s.body):
+            exprs: list[E.Expr] = []
+            if isinstance(node, Store):
+                if self.in_registers(node.buffer) and s.var in E.free_vars(node.index):
+                    return True
+                exprs = [node.index, node.value]
+            elif isinstance(node, IfThenElse):
+                exprs = [node.condition]
+            elif isinstance(node, For):
+                exprs = [node.extent]
+            stack = exprs
+            while stack:
+                e = stack.pop()
+                if (
+                    isinstance(e, E.Load)
+                    and self.in_registers(e.buffer)
+                    and s.var in E.free_vars(e.index)
+                ):
+                    return True
+                stack.extend(E.children(e))
+        return False
+
     def parallel_region(self, s: For, depth: int) -> list[str]:
         self._in_parallel = True
         lines = self.plain_loop(s, depth, ["#pragma omp parallel for schedule(static)"])
@@ -338,6 +438,26 @@ class FunctionWriter:
         v = self.name(s.var)
         header = f"{pad}for ({_ctype(s.var.dtype)} {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{"
         return [*(pad + p for p in pragmas), header, *self.stmt(s.body, depth + 1), f"{pad}}}"]
+
+
+class _RegisterKey:
+    """Names the variable holding elements of a register-promoted buffer from `element` on."""
+
+    __slots__ = ("buffer", "element", "name")
+
+    def __init__(self, buffer: Buffer, element: int) -> None:
+        self.buffer, self.element = buffer, element
+        self.name = f"{buffer.name}_{element}"
+
+    def __hash__(self) -> int:
+        return hash((id(self.buffer), self.element))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _RegisterKey)
+            and other.buffer is self.buffer
+            and other.element == self.element
+        )
 
 
 def constant_bound(extent: E.Expr) -> int | None:

@@ -6,7 +6,9 @@ one store whose index moves by one element per iteration, of a value built from 
 min, max, select, exp and erf (`vector_math`) of loads that move by one element (vector loads)
 or not at all (broadcast scalars). Unaligned
 memory is read and written through memcpy, which gcc turns into single unaligned moves. Loops
-wider than one 64-byte register become one vector statement per register-wide chunk.
+wider than one 64-byte register become one vector statement per register-wide chunk. A slice of
+a register-promoted buffer is its vector variables themselves (assigned and read, no memcpy);
+a loop whose lanes do not match that buffer's slot takes the scalar path.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from compiler.arith import const_bounds
 from compiler.arith.linear import linear_form
 from compiler.codegen.c import C_TYPES, constant_bound
 from compiler.ir import expr as E
@@ -86,8 +89,11 @@ def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | 
     width = min(lanes, w.vector_bytes // _ITEM_BYTES[dtype])
     lines: list[str] = []
     for offset in range(0, lanes, width):
-        chunk = _Chunk(loop.var, store, width, offset, "")
-        chunk.target = chunk.element(w, store.buffer, form[1])
+        chunk = _Chunk(loop.var, store, width, offset, "", lanes)
+        target = chunk.element(w, store.buffer, form[1])
+        if target is None:
+            return None
+        chunk.target = target
         value = _vector_expr(w, store.value, chunk)
         if value is None:
             return None
@@ -95,7 +101,10 @@ def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | 
         if not is_vector:
             # scalar - {0} broadcasts the scalar and, unlike {0} + scalar, keeps the sign of -0.0.
             code = f"({code} - ({vector_type(dtype, width)}){{0}})"
-        lines.append(f"kiln_vstore_{dtype}x{width}(&{chunk.target}, {code});")
+        if w.in_registers(store.buffer):
+            lines.append(f"{chunk.target} = {code};")
+        else:
+            lines.append(f"kiln_vstore_{dtype}x{width}(&{chunk.target}, {code});")
     w.vec_types.add((dtype, width))
     pad = "  " * depth
     if isinstance(loop.extent, E.IntImm):
@@ -123,8 +132,21 @@ class _Chunk:
     width: int
     offset: int
     target: str  # the C element the chunk's store starts at
+    lanes: int  # of the whole loop
 
-    def element(self, w: FunctionWriter, buf: Buffer, rest: E.Expr) -> str:
+    def element(self, w: FunctionWriter, buf: Buffer, rest: E.Expr) -> str | None:
+        """The C element the chunk's lanes of `buf[rest + var]` start at; for a register-promoted
+        buffer the vector variable holding them, or None when no variable holds exactly them."""
+        if w.in_registers(buf):
+            bounds = const_bounds(rest, {}) if not E.free_vars(rest) else None
+            if bounds is None or bounds[0] != bounds[1]:
+                return None
+            start = bounds[0]
+            if buf.register_slot(start) != (start, self.lanes):
+                return None
+            if w.register_width(buf, start) != self.width:
+                return None
+            return w.register_name(buf, start + self.offset)
         index = w.expr(rest)
         return (
             f"{w.name(buf)}[{index} + {self.offset}]" if self.offset else f"{w.name(buf)}[{index}]"
@@ -139,12 +161,18 @@ def _vector_expr(w: FunctionWriter, e: E.Expr, chunk: _Chunk) -> tuple[str, bool
         form = linear_form(e.index, chunk.var)
         if form is None or form[0] not in (0, 1):
             return None
+        if form[0] == 0:
+            if e.buffer is chunk.store.buffer:
+                return None  # another element of the buffer being written: lanes out of order
+            return w.expr(E.Load(e.buffer, form[1])), False
         element = chunk.element(w, e.buffer, form[1])
-        if e.buffer is chunk.store.buffer and (form[0] != 1 or element != chunk.target):
+        if element is None:
+            return None
+        if e.buffer is chunk.store.buffer and element != chunk.target:
             # Reading other elements of the buffer being written would see lanes out of order.
             return None
-        if form[0] == 0:
-            return f"{w.name(e.buffer)}[{w.expr(form[1])}]", False
+        if w.in_registers(e.buffer):
+            return element, True
         return f"kiln_vload_{e.dtype}x{chunk.width}(&{element})", True
     if type(e) in _OPS:
         assert isinstance(e, E.BinaryOp)

@@ -16,12 +16,17 @@ class Buffer:
 
     `scope` is where it lives: "global" (function parameters and big intermediates), "local"
     (per-thread, small: accumulators, register tiles), "shared" (a GPU block's shared memory).
+    `registers`, set by register promotion (lower/promote.py) on "local" buffers only, cuts the
+    buffer into register slots, (first element, lanes) each, sorted and disjoint: every access
+    reads or writes one whole slot (a scalar, or a vector slice by a vectorized loop), so a
+    backend may keep each slot in its own variable; empty means an ordinary array.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     scope: str = "global"
+    registers: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if any(d < 1 for d in self.shape):
@@ -29,6 +34,23 @@ class Buffer:
         if self.scope not in SCOPES:
             raise ValueError(f"buffer {self.name}: scope {self.scope!r} not in {sorted(SCOPES)}")
         np.dtype(self.dtype)  # reject names numpy does not know early
+        if self.registers and self.scope != "local":
+            raise ValueError(f"buffer {self.name}: only local buffers live in registers")
+        end = 0
+        for start, lanes in self.registers:
+            if lanes < 1 or start < end or start + lanes > self.size:
+                raise ValueError(
+                    f"buffer {self.name}: register slots {self.registers} must be sorted, "
+                    f"disjoint and inside [0, {self.size})"
+                )
+            end = start + lanes
+
+    def register_slot(self, element: int) -> tuple[int, int] | None:
+        """The (first element, lanes) register slot holding `element`, if any."""
+        for start, lanes in self.registers:
+            if start <= element < start + lanes:
+                return start, lanes
+        return None
 
     @property
     def size(self) -> int:

@@ -2,7 +2,8 @@
 
 It runs loops in order whatever their kind, so a vectorized or parallel loop that is wrong only
 when its iterations run together is wrong here too only if it reads what another iteration wrote.
-Every load and store is bounds-checked, because numpy would silently wrap a negative index.
+Every load and store is bounds-checked, because numpy would silently wrap a negative index, and
+a register-promoted buffer (`Buffer.registers`) runs as an array whose accesses must hit a slot.
 Allocated buffers start as NaN (floats) or a poison value (ints), so a read before a write shows.
 Integer arithmetic is unbounded (Python ints); float arithmetic rounds to the expression's dtype.
 """
@@ -182,6 +183,9 @@ class _Interpreter:
         i = int(self.eval(index))
         if not 0 <= i < buf.size:
             raise IndexError(f"{what} {buf.name}[{i}] is outside [0, {buf.size})")
+        if buf.registers and buf.register_slot(i) is None:
+            # register promotion gives only the elements of its slots a variable
+            raise IndexError(f"{what} {buf.name}[{i}] is in none of its register slots")
         return i
 
     def _nd_index(self, buf: Buffer, indices: tuple[E.Expr, ...], what: str) -> int:

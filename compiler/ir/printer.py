@@ -100,10 +100,14 @@ def _stmt(s: Stmt, depth: int) -> list[str]:
         return lines
     if isinstance(s, Allocate):
         b = s.buffer
-        return [
-            f"{pad}{b.name} = allocate({b.dtype}{list(b.shape)}, {b.scope})",
-            *_stmt(s.body, depth),
-        ]
+        head = f"{pad}{b.name} = allocate({b.dtype}{list(b.shape)}, {b.scope})"
+        if b.registers:  # register promotion: one variable per slot
+            slots = " ".join(
+                f"[{start}]" if lanes == 1 else f"[{start}:{start + lanes}]"
+                for start, lanes in b.registers
+            )
+            head += f"  # registers {slots}"
+        return [head, *_stmt(s.body, depth)]
     if isinstance(s, Barrier):
         return [f"{pad}barrier()"]
     if isinstance(s, IntrinCall):

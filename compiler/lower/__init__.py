@@ -1,8 +1,10 @@
 """Lowering: from a schedule to a loop-IR PrimFunc, in TVM's pass order.
 
 bound inference (bound.py) -> loop nest with tensorize (loop_nest.py, tensorize.py) -> storage
-flatten -> simplify -> loop partition -> vectorize -> double buffering -> unroll -> simplify ->
-intrinsics -> make-API. `lower` runs them all; `lower_passes` lists them so tests can run a prefix.
+flatten -> simplify -> loop partition -> vectorize -> double buffering -> unroll -> register
+promotion -> simplify -> intrinsics -> make-API. `lower` runs them all; `PASSES` lists them so
+tests can run a prefix. Register promotion (promote.py) comes right after unroll rather than
+before it as in TVM: it decides on the replicated code, whose offsets are constant (see there).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from compiler.lower.intrinsics import lower_intrinsics
 from compiler.lower.loop_nest import build_loop_nest
 from compiler.lower.make_api import make_api
 from compiler.lower.partition import partition
+from compiler.lower.promote import promote_registers
 from compiler.lower.simplify import simplify_pass
 from compiler.lower.unroll import unroll
 from compiler.lower.vectorize import vectorize
@@ -31,6 +34,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("vectorize", vectorize),
     ("double_buffer", double_buffer),
     ("unroll", unroll),
+    ("promote", promote_registers),
     ("simplify_again", simplify_pass),
     ("intrinsics", lower_intrinsics),
 )
