@@ -47,6 +47,12 @@ class _Simplifier:
         return const_bounds(e, self.ranges)
 
     def visit(self, e: E.Expr) -> E.Expr:
+        if isinstance(e, E.Select):
+            # Condition first: a decided select keeps only its branch, so a table of constants
+            # indexed by an unrolled axis (a Select chain) costs one leaf, not all of them.
+            condition = self.visit(e.condition)
+            if isinstance(condition, E.IntImm):
+                return self.visit(e.true_value if condition.value else e.false_value)
         kids = E.children(e)
         if not kids:
             return e

@@ -354,6 +354,10 @@ def substitute(expr: Expr, mapping: dict[Var, Expr]) -> Expr:
         return expr
     if isinstance(expr, Var):
         return mapping.get(expr, expr)
+    if isinstance(expr, Select):
+        decided = _decided(substitute(expr.condition, mapping))
+        if decided is not None:  # keep only the branch taken (unrolling a table of constants)
+            return substitute(expr.true_value if decided else expr.false_value, mapping)
     kids = children(expr)
     if not kids:
         return expr
@@ -361,3 +365,18 @@ def substitute(expr: Expr, mapping: dict[Var, Expr]) -> Expr:
     if all(a is b for a, b in zip(new, kids, strict=True)):
         return expr
     return rebuild(expr, new)
+
+
+def _decided(condition: Expr) -> bool | None:
+    """The value of a condition that is a constant or compares two integer constants."""
+    if isinstance(condition, IntImm):
+        return bool(condition.value)
+    if isinstance(condition, EQ | NE | LT | LE):
+        a, b = condition.a, condition.b
+        if isinstance(a, IntImm) and isinstance(b, IntImm):
+            if isinstance(condition, EQ):
+                return a.value == b.value
+            if isinstance(condition, NE):
+                return a.value != b.value
+            return a.value < b.value if isinstance(condition, LT) else a.value <= b.value
+    return None

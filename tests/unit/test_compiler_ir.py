@@ -117,3 +117,22 @@ def test_linear_form() -> None:
     assert minus is not None and minus[0] == -1
     assert linear_form(FloorDiv(i, IntImm(2)), i) is None
     assert linear_form(i * j, i) is None
+
+
+def test_a_decided_select_keeps_only_its_branch() -> None:
+    """Substituting a constant or simplifying with known values takes the branch of a decided
+    Select (Winograd's transform tables: a chain per unrolled axis) and leaves the rest alone."""
+    from compiler.arith import simplify
+    from compiler.ir import expr as E
+
+    i, j, k = Var("i"), Var("j"), Var("k")
+    x = Buffer("x", (8,), "float32")
+    table = E.Select(
+        E.EQ(i, IntImm(0)), Load(x, j), E.Select(E.EQ(i, IntImm(1)), Load(x, j + 1), FloatImm(0.0))
+    )
+    assert str(E.substitute(table, {i: IntImm(1), j: IntImm(3)})) == str(Load(x, IntImm(3) + 1))
+    assert str(E.substitute(table, {i: IntImm(5)})) == str(FloatImm(0.0))
+    assert isinstance(E.substitute(table, {j: IntImm(3)}), E.Select)  # i still unknown
+    # (4k + 1) % 4 == 1 needs the simplifier: it decides the chain to the second entry
+    decided = simplify(E.substitute(table, {i: FloorMod(k * 4 + 1, IntImm(4))}))
+    assert str(decided) == str(Load(x, j + 1))
