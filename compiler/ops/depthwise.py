@@ -104,17 +104,27 @@ class DepthwiseConv2dTemplate(OpTemplate):
         return [x, wt, out]
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
+        """Loops n, c block, oh, owo | ry, rx, owi (unrolled), ci (vector): the `reg_n` x cb
+        accumulators are a `cache_write` local tile at owo, which register promotion keeps in
+        registers, stored once after the last tap."""
         out = args[-1]
         sch = create_schedule(out)
+        acc = sch.cache_write(out, "local")
         st = sch[out]
         b, co, y, xx, ci = st.axis
-        ry, rx = st.reduce_axis
         xo, xi = st.split(xx, int(config["reg_n"]))
-        st.reorder(b, co, y, xo, ry, rx, xi, ci)
-        if config["unroll_kw"]:
-            st.unroll(rx)
+        st.reorder(b, co, y, xo, xi, ci)
         st.unroll(xi)
         st.vectorize(ci)
+        sa = sch[acc]
+        sa.compute_at(st, xo)
+        ry, rx = sa.reduce_axis
+        ab, aco, ay, ax, aci = sa.axis
+        sa.reorder(ry, rx, ab, aco, ay, ax, aci)
+        if config["unroll_kw"]:
+            sa.unroll(rx)
+        sa.unroll(ax)
+        sa.vectorize(aci)
         return sch
 
     def pack_inputs(
