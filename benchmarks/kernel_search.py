@@ -107,11 +107,13 @@ def search(
     expected: np.ndarray,
     pool: ProcessPoolExecutor,
     seed: int = 0,
+    warm: Sequence[int] = (),
 ) -> SearchResult:
     """The fastest correct config found by a bounded search of about 1.5 x `trials` builds.
 
-    Random plausible configs first (the template's `worth_measuring`: a register tile that
-    fits), then the neighbours (one knob one step away) of the two fastest; the four fastest
+    The `warm` configs (the best known ones, as the tuner starts from its records) and random
+    plausible configs first (the template's `worth_measuring`: a register tile that fits),
+    then the neighbours (one knob one step away) of the two fastest; the four fastest
     are then re-timed in interleaved rounds. Candidates are compared by their fastest sample:
     on a shared machine other processes only ever add time.
     """
@@ -127,8 +129,8 @@ def search(
 
     def measure(indices: Sequence[int]) -> None:
         futures = [pool.submit(build_candidate, name, shape, i) for i in indices]
-        for future in futures:
-            index, path, error = future.result()
+        built = [f.result() for f in futures]  # no compiler runs beside the timings
+        for index, path, error in built:
             result.tried += 1
             if error:
                 result.failed += 1
@@ -141,7 +143,8 @@ def search(
             timed[index] = min(kernel.seconds(min_repeat_ms=5.0, repeat=3))
             kernels[index] = kernel
 
-    measure(plausible[:trials])
+    first = list(dict.fromkeys([*warm, *plausible]))
+    measure(first[: trials + len(warm)])
     leaders = sorted(timed, key=timed.__getitem__)[:2]
     near = [i for lead in leaders for i in neighbours(space, lead) if i not in timed]
     near = [i for i in dict.fromkeys(near) if t.worth_measuring(shape, space.get(i))]

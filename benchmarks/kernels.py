@@ -4,7 +4,8 @@ sgemm (template `dense`, B pre-packed) vs numpy's OpenBLAS at 256..2048 cube; th
 convolutions (3x3 at 64/128/256/512 channels, the 1x1 stride-2 downsamples, the 7x7/2 stem;
 templates `conv2d_nchwc`, `conv2d_1x1_nchwc`, `conv2d_stem_nchwc`, all with the bias fused) vs
 onnxruntime's one-node Conv with its bias. For each case a bounded random search picks the config
-(best configs are cached in `kernels_best.json`; `--reuse` skips the search where one is cached),
+(best configs are cached in `kernels_best.json` and start the next search, as a tuner starts from
+its records; `--reuse` skips the search where one is cached),
 the kernel's output is checked against the peer's, then ours (native timing loop) and the peer
 (a timed Python loop) alternate for `--rounds` rounds. Ratio = peer time / our time (> 1: ours
 is faster). Our inputs are in the kernel's layout (NCHW[x]c, pre-padded, packed weights): that
@@ -161,9 +162,20 @@ def load_best() -> dict[str, dict[str, object]]:
 def cached_index(case: Case, best: dict[str, dict[str, object]]) -> int | None:
     """The cached config's index, if it is still a config of the template's space."""
     entry = best.get(_key(case))
-    if entry is None:
-        return None
-    knobs = entry["knobs"]
+    return None if entry is None else _index_of(case, entry["knobs"])
+
+
+def warm_indices(case: Case, best: dict[str, dict[str, object]]) -> list[int]:
+    """Where a search starts: the case's cached config, then the cached configs of the same
+    template at other shapes that are configs of this one's space too."""
+    mine = cached_index(case, best)
+    prefix = f"{host_target_name()}|{case.template}|"
+    others = [_index_of(case, e["knobs"]) for k, e in best.items() if k.startswith(prefix)]
+    found = [i for i in (mine, *others) if i is not None]
+    return list(dict.fromkeys(found))
+
+
+def _index_of(case: Case, knobs: object) -> int | None:
     if not isinstance(knobs, dict):
         return None
     try:
@@ -203,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             space = t.config_space(case.shape)
             index = cached_index(case, best) if args.reuse else None
             if index is None:
-                found = search(case.template, case.shape, args.trials, logical, expected, pool)
+                warm = warm_indices(case, best)
+                found = search(
+                    case.template, case.shape, args.trials, logical, expected, pool, warm=warm
+                )
                 if found.index < 0:
                     print(f"{case.label}: no config built and passed the check", flush=True)
                     continue
