@@ -33,7 +33,7 @@ import multiprocessing
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -143,6 +143,20 @@ def _init_worker(cache_dir: str | None, cpus: tuple[int, ...]) -> None:
         os.sched_setaffinity(0, cpus)
 
 
+def _end_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate `pool`'s worker processes and reap them (Python 3.14 has a method for this;
+    before it, the executor's process table is the only handle on its workers)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in workers:
+        proc.terminate()
+    for proc in workers:
+        proc.join(timeout=10)
+
+
 _ENV_LOCK = threading.Lock()
 
 
@@ -199,7 +213,7 @@ class LocalBuilder:
         self.target = target
         self.per_unit = per_unit
         self._cache_dir = None if cache_dir is None else str(Path(cache_dir))
-        self._pool: Executor | None = None
+        self._pool: ProcessPoolExecutor | None = None
         self._async: ThreadPoolExecutor | None = None
         if workers > 1 or cpus:
             # spawn, not fork: the parent holds gRPC channels, which do not survive a fork.
@@ -230,10 +244,16 @@ class LocalBuilder:
         return self._async.submit(self.build, workload, list(indices))
 
     def close(self) -> None:
-        """Stop the build workers (a build still running is waited for)."""
+        """Stop the build workers now: a build still running is abandoned, its worker ended.
+
+        A run stopped by Ctrl-C or SIGTERM used to wait here for the build in flight (a minute
+        for a batch of Winograd kernels), and a second signal during that wait left the process
+        pool half shut, hanging the interpreter's exit for good.
+        """
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _end_workers(pool)  # the pool sees them die and fails their futures
+            pool.shutdown(wait=True, cancel_futures=True)  # quick: it only joins its own thread
         if self._async is not None:
-            self._async.shutdown(cancel_futures=True)
+            self._async.shutdown(cancel_futures=True)  # its build, if any, failed with the pool
             self._async = None
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None

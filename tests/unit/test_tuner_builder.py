@@ -3,8 +3,10 @@ cache and async builds. Real gcc (allowed in unit tests), no sockets."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +118,22 @@ def test_build_async_gives_what_build_gives(tmp_path: Path) -> None:
         builder.close()
     assert [b.config_index for b in built] == [4, 2, 8]
     assert [b.artifact for b in built] == [b.artifact for b in direct]
+
+
+def test_close_abandons_a_build_in_flight_and_ends_its_workers(tmp_path: Path) -> None:
+    """An interrupted run closes its builder mid-batch: close returns at once (it used to wait
+    for the batch, ~15 s here for four Winograd kernels in one unit) and leaves no worker."""
+    slow = Workload("conv2d_winograd_nchwc", (1, 256, 14, 14, 256, 3, 3, 1, 1, 1))
+    builder = LocalBuilder(workers=2, per_unit=4, cache_dir=tmp_path)
+    future = builder.build_async(slow, [0, 1, 2, 3])
+    time.sleep(2.0)  # the unit is in a worker by now
+    assert not future.done()
+    start = time.monotonic()
+    builder.close()
+    assert time.monotonic() - start < 5.0
+    assert future.done() and future.exception() is not None
+    assert multiprocessing.active_children() == []
+    assert not list(tmp_path.glob("*.so"))  # nothing was built
 
 
 def test_bad_builder_arguments_are_refused() -> None:
