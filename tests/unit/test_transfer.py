@@ -6,9 +6,12 @@ distinct, unmeasured configs of another workload), never that it proposes fast o
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 
+from tuner import transfer
 from tuner.features import LOOP_FEATURE_LENGTH
 from tuner.measure import MeasureResult, Status
 from tuner.model_search import ModelSearcher
@@ -76,3 +79,28 @@ def test_transfer_without_usable_records() -> None:
     assert not model.fitted
     with pytest.raises(RuntimeError, match="before a successful fit"):
         model.scorer(Task(B))
+
+
+def test_each_config_is_lowered_once_however_many_tasks_fit_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Model tuning fits a transfer model per task on the same records: the second fit (and
+    the scoring of configs already featured) lowers nothing."""
+    lowered: list[str] = []
+    real = transfer.lower
+
+    def counting(*args: object, **kwargs: object) -> object:
+        lowered.append("x")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transfer, "_FEATURES", OrderedDict())
+    monkeypatch.setattr(transfer, "lower", counting)
+    records = _records(A, 12)
+    first = TransferModel(seed=0).fit(records, TARGET, exclude=B)
+    once = len(lowered)
+    assert first == once == len({r.config_index for r in records})
+    again = TransferModel(seed=0)
+    assert again.fit(records, TARGET, exclude=Workload("dense", (32, 32, 32))) == first
+    assert len(lowered) == once
+    features = task_loop_features(Task(A), [r.config_index for r in records[:3]])
+    assert len(lowered) == once and features.shape == (3, LOOP_FEATURE_LENGTH)
