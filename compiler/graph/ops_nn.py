@@ -41,7 +41,7 @@ Attrs = Mapping[str, Any]
 # Input channels at or below which a convolution uses the stem template (ResNet's 3-channel 7x7).
 STEM_MAX_IN_CHANNELS = 4
 # The smallest output side a 3x3 stride-1 convolution is run by Winograd's algorithm: from 7x7
-# (ResNet's last stage at 224) F(4x4) was 2.2x faster than the direct template on Zen 3; below
+# (ResNet's last stage at 224) Winograd was 1.8-2.2x faster than the direct template on Zen 3; below
 # it the tiles compute mostly discarded outputs and the transformed weights, 4x the size of the
 # kernel's, are read for a tile or two (each 512-channel 1x1 layer of ResNet-18 at 32x32 took
 # 2.1 ms by Winograd, most of the model).
