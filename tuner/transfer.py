@@ -9,9 +9,10 @@ own model takes over.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -25,32 +26,23 @@ from tuner.task import Task
 _LOG = logging.getLogger(__name__)
 
 
-# Features by (workload, config index), most recent last: a model's tuning run fits a transfer
-# model for each of its tasks on the same records, and lowering a config is milliseconds for a
-# dense kernel but seconds for a Winograd one (MobileNetV2 after ResNet-18's 320 records spent
-# 20 minutes re-lowering them, task after task, before its first measurement).
-_FEATURES: OrderedDict[tuple[Workload, int], np.ndarray] = OrderedDict()
-FEATURE_CACHE_SIZE = 50_000  # rows of LOOP_FEATURE_LENGTH float32: under 40 MB
-
-
 def task_loop_features(task: Task, indices: Sequence[int] | np.ndarray) -> np.ndarray:
     """Loop-IR features [n, LOOP_FEATURE_LENGTH] of configs `indices` of `task`; each config is
-    lowered once per process (`_FEATURES` keeps the rows)."""
+    lowered once per process (`_config_features` keeps the rows)."""
     out = np.zeros((len(indices), LOOP_FEATURE_LENGTH), dtype=np.float32)
-    flop = task.flop
     for row, index in enumerate(indices):
-        key = (task.workload, int(index))
-        cached = _FEATURES.get(key)
-        if cached is None:
-            sch, args = task.template.instantiate(task.workload.shape, task.space.get(int(index)))
-            cached = loop_features(lower(sch, args, name="f", passes=FEATURE_PASSES), flop)
-            _FEATURES[key] = cached
-            if len(_FEATURES) > FEATURE_CACHE_SIZE:
-                _FEATURES.popitem(last=False)
-        else:
-            _FEATURES.move_to_end(key)
-        out[row] = cached
+        out[row] = _config_features(task, int(index))
     return out
+
+
+# A model's tuning run fits a transfer model for each of its tasks on the same records, and
+# lowering a config is milliseconds for a dense kernel but seconds for a Winograd one (MobileNetV2
+# after ResNet-18's 320 records spent 20 minutes re-lowering them, task after task, before its
+# first measurement). 50,000 rows of LOOP_FEATURE_LENGTH float32 stay under 40 MB.
+@functools.lru_cache(maxsize=50_000)
+def _config_features(task: Task, index: int) -> np.ndarray:
+    sch, args = task.template.instantiate(task.workload.shape, task.space.get(index))
+    return loop_features(lower(sch, args, name="f", passes=FEATURE_PASSES), task.flop)
 
 
 def _index(task: Task, record: Record) -> int | None:

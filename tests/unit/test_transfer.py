@@ -6,8 +6,6 @@ distinct, unmeasured configs of another workload), never that it proposes fast o
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import pytest
 
@@ -93,7 +91,7 @@ def test_each_config_is_lowered_once_however_many_tasks_fit_on_it(
         lowered.append("x")
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(transfer, "_FEATURES", OrderedDict())
+    transfer._config_features.cache_clear()
     monkeypatch.setattr(transfer, "lower", counting)
     records = _records(A, 12)
     first = TransferModel(seed=0).fit(records, TARGET, exclude=B)
