@@ -138,17 +138,17 @@ def conv2d_template(x: TensorType, w: TensorType, attrs: Attrs) -> str:
         return "depthwise_conv2d_nchwc"
     if groups != 1:
         return "conv2d_nchwc"  # grouped but not depthwise: the generic template, per group
-    if (kh, kw) == (1, 1) and tuple(attrs.get("pads", (0, 0, 0, 0))) == (0, 0, 0, 0):
+    pads = tuple(attrs.get("pads", (0, 0, 0, 0)))
+    if (kh, kw) == (1, 1) and pads == (0, 0, 0, 0):
         return "conv2d_1x1_nchwc"
     if x.shape[1] <= STEM_MAX_IN_CHANNELS:
         return "conv2d_stem_nchwc"
-    pads = tuple(attrs.get("pads", (0, 0, 0, 0)))
     if (
         (kh, kw) == (3, 3)
         and tuple(attrs.get("strides", (1, 1))) == (1, 1)
         and tuple(attrs.get("dilations", (1, 1))) == (1, 1)
-        and x.shape[2] + pads[0] + pads[2] - 2 >= WINOGRAD_MIN_OUT
-        and x.shape[3] + pads[1] + pads[3] - 2 >= WINOGRAD_MIN_OUT
+        and window_out("conv2d", x.shape[2], 3, 1, 1, pads[0], pads[2]) >= WINOGRAD_MIN_OUT
+        and window_out("conv2d", x.shape[3], 3, 1, 1, pads[1], pads[3]) >= WINOGRAD_MIN_OUT
     ):
         return "conv2d_winograd_nchwc"
     return "conv2d_nchwc"
