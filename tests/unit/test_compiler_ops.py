@@ -342,3 +342,47 @@ def test_dense_k_blocks_accumulate_into_c(shape: tuple[int, int, int]) -> None:
     check_close(
         dense.unpack_output(small, config, arrays[-1]), dense.reference(*logical), "dense", 256
     )
+
+
+def test_stride_one_1x1_tiles_pixels_across_rows_and_matches_numpy() -> None:
+    """At stride 1 the pixel tile runs across row ends (6 pixels of a 5-wide image, with a
+    tail tile); at stride 2 the tile is still reg_n pixels of oh_tile rows."""
+    conv = template("conv2d_1x1_nchwc")
+    flat = (1, 32, 5, 7, 16, 1, 1, 1, 0, 3)  # 35 pixels: tiles of 6 leave a tail of 5
+    space = conv.config_space(flat)
+    assert "oh_tile" not in space.get(0)
+    assert {6, 7, 16} <= set(space.knobs[2].choices)
+    _, args = conv.instantiate(flat, space.get(0))
+    assert list(args[0].shape) == [1, 2, 35, 16]  # one axis of pixels
+    picks = [
+        space.get(space.index_of({"ic_block": icb, "oc_block": 16, "reg_n": n, "oc_order": o}))
+        for icb, n, o in ((16, 6, "outer"), (32, 16, "inner"), (16, 35 // 5, "inner"))
+    ]
+    for config, (ours, ref) in zip(picks, run_built(conv, [(flat, c) for c in picks]), strict=True):
+        check_close(ours, ref, f"1x1 {flat} {dict(config)}", 32)
+    strided = (1, 32, 9, 9, 64, 1, 1, 2, 0, 0)
+    assert "oh_tile" in conv.config_space(strided).get(0)
+
+
+def test_flat_1x1_register_budget_counts_the_weight_vectors() -> None:
+    """On AVX2 (16 ymm) a 6-pixel tile of two vectors fits (12 + 2 weights + 1 broadcast), a
+    7-pixel one does not, nor 4 pixels of four vectors; the untuned default (the first config
+    that fits) is the largest tile."""
+    conv = template("conv2d_1x1_nchwc")
+    wl = (1, 576, 14, 14, 96, 1, 1, 1, 0, 1)
+    space = conv.config_space(wl)
+
+    def fits(n: int, ocb: int) -> bool:
+        c = space.get(
+            space.index_of({"ic_block": 64, "oc_block": ocb, "reg_n": n, "oc_order": "outer"})
+        )
+        return conv.worth_measuring(wl, c, "x86_64-avx2")
+
+    assert fits(6, 16) and not fits(7, 16)
+    assert fits(4, 32) is False and fits(2, 32)
+    first = next(
+        c
+        for c in map(space.get, range(len(space)))
+        if c["oc_block"] == 16 and conv.worth_measuring(wl, c, "x86_64-avx2")
+    )
+    assert first["reg_n"] == 6
