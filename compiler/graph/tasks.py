@@ -5,10 +5,11 @@ a 2-D constant (a dense layer over the leading axes of its first operand) is a t
 anchor's `compiler.ops` template, with the workload in that template's own form:
 
 - conv2d_nchwc / conv2d_1x1_nchwc / conv2d_stem_nchwc: (N, IC, H, W, OC, KH, KW, stride, pad,
-  epilogue), epilogue 1 (+ bias) or 2 (+ bias + ReLU: the group's next node is a ReLU of the
-  convolution alone) or 0 (no bias, no ReLU). Asymmetric pads are applied by the model's pad
-  kernel, so the workload is that of the padded input with pad 0 (the spec's `note` says so).
-- depthwise_conv2d_nchwc: (N, C, H, W, KH, KW, stride, pad); its bias is not part of it.
+  epilogue), epilogue 1 (+ bias), 2 (+ bias + ReLU: the group's next node is a ReLU of the
+  convolution alone), 3 (+ bias + ReLU6, a clip to [0, 6]) or 0 (no bias, no ReLU).
+  Asymmetric pads are applied by the model's pad kernel, so the workload is that of the padded
+  input with pad 0 (the spec's `note` says so).
+- depthwise_conv2d_nchwc: (N, C, H, W, KH, KW, stride, pad, epilogue), the epilogue as above.
 - dense: (M, N, K); a bias is added by the group's following kernel.
 
 Anchors no template covers (unequal strides, dilation, a batched matmul of two computed
@@ -124,13 +125,15 @@ def _conv_workload(graph: Graph, group: FusedGroup) -> AnchorWorkload:
         note = f"asymmetric pads {pads} applied by the pad kernel: workload of the padded input"
     elif template == "conv2d_1x1_nchwc" and pad:
         template = "conv2d_nchwc"
-    if template == "depthwise_conv2d_nchwc":
-        return AnchorWorkload(template, (n, ic, h, w, kh, kw, strides[0], pad), note, pads)
     act = fused_relu(group)
     relu = act is not None
     epilogue = (
         (3 if is_relu6(act) else 2) if act is not None else (1 if len(node.inputs) > 2 else 0)
     )
+    if template == "depthwise_conv2d_nchwc":
+        return AnchorWorkload(
+            template, (n, ic, h, w, kh, kw, strides[0], pad, epilogue), note, pads, relu
+        )
     return AnchorWorkload(
         template, (n, ic, h, w, oc, kh, kw, strides[0], pad, epilogue), note, pads, relu
     )

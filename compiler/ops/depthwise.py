@@ -1,9 +1,13 @@
 """Depthwise conv2d in NCHW[x]c: each channel convolved with its own KxK filter.
 
-Workload (N, C, H, W, KH, KW, stride, pad), float32. Arguments: the pre-padded input
-`[N][C/cb][H+2p][W+2p][cb]`, the packed weight `[C/cb][KH][KW][cb]` (see `layout`) and the output
-`[N][C/cb][OH][OW][cb]`. The register tile is `reg_n` output pixels x one channel block: every
-tap loads one input vector per pixel and one weight vector (no broadcasts: channels are lanes).
+Workload (N, C, H, W, KH, KW, stride, pad, epilogue), float32; `epilogue` as conv2d's: 0 (none),
+1 (+ bias), 2 (+ bias, then ReLU) or 3 (+ bias, then ReLU6). Arguments: the pre-padded input
+`[N][C/cb][H+2p][W+2p][cb]`, the packed weight `[C/cb][KH][KW][cb]` (see `layout`), the bias
+`[C/cb][cb]` when there is an epilogue, and the output `[N][C/cb][OH][OW][cb]`. The register
+tile is `reg_n` output pixels x one channel block: every tap loads one input vector per pixel
+and one weight vector (no broadcasts: channels are lanes). The epilogue is applied to the
+accumulators as they are stored (MobileNetV2's bias and clip: no pass of their own over the
+output).
 """
 
 from __future__ import annotations
@@ -14,13 +18,20 @@ import numpy as np
 
 from compiler import te
 from compiler.ops.base import OpTemplate
-from compiler.ops.layout import pack_depthwise_weight, pack_nchwc, pad_spatial, unpack_nchwc
+from compiler.ops.conv2d import EPILOGUES, RELU6_CAP, epilogue_compute
+from compiler.ops.layout import (
+    pack_bias,
+    pack_depthwise_weight,
+    pack_nchwc,
+    pad_spatial,
+    unpack_nchwc,
+)
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import channel_blocks, check_workload, tile_choices
 from compiler.schedule.schedule import Schedule, create_schedule
-from compiler.te.tensor import Tensor
+from compiler.te.tensor import ComputeOp, Reduce, Tensor
 
-FIELDS = ("N", "C", "H", "W", "KH", "KW", "stride", "pad")
+FIELDS = ("N", "C", "H", "W", "KH", "KW", "stride", "pad", "epilogue")
 
 
 def depthwise_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
@@ -51,9 +62,11 @@ class DepthwiseConv2dTemplate(OpTemplate):
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The workload checked, with (OH, OW) appended."""
-        _, _, h, w, kh, kw, stride, pad = check_workload(
-            self.name, shape, FIELDS, may_be_zero=("pad",)
+        _, _, h, w, kh, kw, stride, pad, epilogue = check_workload(
+            self.name, shape, FIELDS, may_be_zero=("pad", "epilogue")
         )
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"{self.name}: epilogue must be one of {EPILOGUES}, got {epilogue}")
         if h + 2 * pad < kh or w + 2 * pad < kw:
             raise ValueError(f"{self.name}: the {kh}x{kw} kernel does not fit the padded input")
         return (*shape, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1)
@@ -72,22 +85,31 @@ class DepthwiseConv2dTemplate(OpTemplate):
         return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
 
     def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        n, c, h, w, kh, kw, *_ = self.geometry(shape)
-        return [(n, c, h, w), (c, 1, kh, kw)]
+        n, c, h, w, kh, kw, _, _, epilogue, _, _ = self.geometry(shape)
+        shapes: list[tuple[int, ...]] = [(n, c, h, w), (c, 1, kh, kw)]
+        return [*shapes, (c,)] if epilogue else shapes
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         raise TypeError(f"{self.name}: the reference needs the workload; call reference_for")
 
     def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
-        _, _, _, _, _, _, stride, pad, _, _ = self.geometry(shape)
-        return depthwise_reference(inputs[0], inputs[1], stride, pad)
+        *_, stride, pad, epilogue, _, _ = self.geometry(shape)
+        out = depthwise_reference(inputs[0], inputs[1], stride, pad).astype(np.float64)
+        if not epilogue:
+            return out.astype(np.float32)
+        out += np.asarray(inputs[2], np.float64).reshape(1, -1, 1, 1)
+        if epilogue >= 2:
+            out = np.maximum(out, 0.0)
+        if epilogue == 3:
+            out = np.minimum(out, RELU6_CAP)
+        return out.astype(np.float32)
 
     def flop(self, shape: tuple[int, ...]) -> float:
-        n, c, _, _, kh, kw, _, _, oh, ow = self.geometry(shape)
+        n, c, _, _, kh, kw, _, _, _, oh, ow = self.geometry(shape)
         return 2.0 * n * c * oh * ow * kh * kw
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
-        n, c, h, w, kh, kw, stride, pad, oh, ow = self.geometry(shape)
+        n, c, h, w, kh, kw, stride, pad, epilogue, oh, ow = self.geometry(shape)
         cb = self._block(shape, config)
         x = te.placeholder((n, c // cb, h + 2 * pad, w + 2 * pad, cb), name="data")
         wt = te.placeholder((c // cb, kh, kw, cb), name="weight")
@@ -99,17 +121,28 @@ class DepthwiseConv2dTemplate(OpTemplate):
                 x[b, co, y * stride + ry.var, xx * stride + rx.var, ci] * wt[co, ry, rx, ci],
                 axis=(ry, rx),
             ),
-            name="out",
+            name="conv" if epilogue else "out",
         )
-        return [x, wt, out]
+        if not epilogue:
+            return [x, wt, out]
+        bias = te.placeholder((c // cb, cb), name="bias")
+        cap = RELU6_CAP if epilogue == 3 else None
+        return [x, wt, bias, epilogue_compute(out, bias, relu=epilogue >= 2, cap=cap)]
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         """Loops n, c block, oh, owo | ry, rx, owi (unrolled), ci (vector): the `reg_n` x cb
         accumulators are a `cache_write` local tile at owo, which register promotion keeps in
-        registers, stored once after the last tap."""
+        registers, stored once after the last tap (through the epilogue, into which the
+        convolution's own stage is inlined)."""
         out = args[-1]
         sch = create_schedule(out)
-        acc = sch.cache_write(out, "local")
+        assert isinstance(out.op, ComputeOp)
+        conv = out
+        if not isinstance(out.op.body, Reduce):
+            conv = next(t for t in out.op.inputs if isinstance(t.op, ComputeOp))
+        acc = sch.cache_write(conv, "local")
+        if conv is not out:
+            sch[conv].compute_inline()
         st = sch[out]
         b, co, y, xx, ci = st.axis
         xo, xi = st.split(xx, int(config["reg_n"]))
@@ -130,12 +163,15 @@ class DepthwiseConv2dTemplate(OpTemplate):
     def pack_inputs(
         self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
     ) -> list[np.ndarray]:
-        pad = self.geometry(shape)[7]
+        pad, epilogue = self.geometry(shape)[7:9]
         cb = self._block(shape, config)
-        return [
+        packed = [
             pack_nchwc(pad_spatial(np.asarray(inputs[0], np.float32), pad), cb),
             pack_depthwise_weight(np.asarray(inputs[1], np.float32), cb),
         ]
+        if epilogue:
+            packed.append(pack_bias(np.asarray(inputs[2], np.float32), cb))
+        return packed
 
     def unpack_output(
         self, shape: tuple[int, ...], config: Config | None, output: np.ndarray

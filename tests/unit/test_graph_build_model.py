@@ -216,14 +216,29 @@ def test_pools_and_dense_head_with_two_outputs() -> None:
     assert ("dense", (2, 10, 16)) in [t.key for t in built.tasks]
 
 
-def test_depthwise_with_bias_in_the_tail() -> None:
+@pytest.mark.parametrize(("act", "epilogue"), [("Relu", 2), ("Clip", 3), (None, 1)])
+def test_depthwise_bias_and_activation_are_its_epilogue(act: str | None, epilogue: int) -> None:
+    """A depthwise conv's bias (its folded BatchNorm) and ReLU / ReLU6 run in its own kernel's
+    epilogue: the group is a pad and the anchor, with no tail pass over the output."""
     n = Net(4)
     x = n.node("Relu", [n.bn(n.conv("x", 3, 16, 3), 16)])
     w = n.param((16, 1, 3, 3))
     d = n.node("Conv", [x, w], kernel_shape=[3, 3], group=16, pads=[1, 1, 1, 1], strides=[2, 2])
-    y = n.node("Relu", [n.bn(d, 16)])
-    built = check_model(n.model({"x": (1, 3, 8, 8)}, [y]))
-    assert any(t.template == "depthwise_conv2d_nchwc" for t in built.tasks)
+    y = n.bn(d, 16)
+    if act == "Clip":
+        n.inits.append(numpy_helper.from_array(np.array(6.0, np.float32), "six"))
+        n.inits.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+        y = n.node("Clip", [y, "zero", "six"])
+    elif act is not None:
+        y = n.node(act, [y])
+    y = n.conv(y, 16, 8, 1, pads=(0, 0, 0, 0))  # MobileNetV2's projection: y is not an output
+    model = n.model({"x": (1, 3, 8, 8)}, [y])
+    built = check_model(model)
+    (task,) = [t for t in built.tasks if t.template == "depthwise_conv2d_nchwc"]
+    assert task.workload[-1] == epilogue
+    plan = plan_model(from_onnx(model))
+    (group,) = [s.group for s in plan.steps if s.config and "c_block" in s.config]
+    assert [s.role for s in plan.steps if s.group == group] == ["pad", "anchor"]
 
 
 def test_transformer_block() -> None:
