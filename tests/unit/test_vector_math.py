@@ -88,8 +88,9 @@ def test_vector_erf_matches_math_erf(target: str) -> None:
     got = run(source, symbol, xs, target)
     want = np.array([math.erf(float(v)) for v in xs])
     err = np.abs(got - want)
-    # absolute error within 2e-7 everywhere, relative within 1e-6 where |x| < 1 (Taylor part)
-    assert float(err.max()) <= 2e-7
+    # absolute error within 3e-7 everywhere (5 float32 spacings below 1: the rational form's
+    # rounding near |x| = 4), relative within 1e-6 where |x| < 1
+    assert float(err.max()) <= 3e-7
     small = np.abs(xs) < 1
     assert float(np.max(err[small] / np.maximum(np.abs(want[small]), 1e-30))) <= 1e-6
     assert got[1] == 0.0 and math.copysign(1.0, float(got[1])) == -1.0  # erf(-0) = -0
@@ -100,3 +101,14 @@ def test_unknown_math_function_has_no_vector_form() -> None:
         vector_math_helper("tanh", 16)
     source, _ = kernel(tm.tanh, "x86_64-avx512")
     assert "kiln_vtanh" not in source and "tanhf(" in source  # scalar loop instead
+
+
+def test_erf_coefficients_are_those_the_fit_derives() -> None:
+    """The vector erf's constants come from `erf_fit` (our own fit), to float64 rounding."""
+    from compiler.codegen import erf_fit, vector_math
+
+    p, q, err = erf_fit.fit()
+    assert err < 1e-7
+    np.testing.assert_allclose(vector_math._ERF_P, p[::-1], rtol=1e-6)
+    np.testing.assert_allclose(vector_math._ERF_Q, q[::-1], rtol=1e-6)
+    assert vector_math._ERF_CLAMP == erf_fit.CLAMP
