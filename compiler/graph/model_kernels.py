@@ -204,7 +204,8 @@ class _Lowering:
         if not depthwise:
             blocks["oc_block"] = ocb
         config = self.config_for(aw, blocks)
-        top, left, bottom, right = aw.pads
+        inside = template.internal_pad(aw.workload)  # pads the kernel applies itself
+        top, left, bottom, right = (p - inside for p in aw.pads)
         below, beyond = template.extra_padding(aw.workload, config)
         x = self.padded(group, x, (top, left, bottom + below, right + beyond))
         weight = logical_weight(aw.template, self.values.constants[node.inputs[1]])

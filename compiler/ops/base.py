@@ -101,6 +101,11 @@ class OpTemplate:
         """
         return True
 
+    def internal_pad(self, shape: tuple[int, ...]) -> int:
+        """Zero rows and columns the kernel adds around its input itself, on every side (default:
+        none; a convolution's input arrives pre-padded by the workload's pad)."""
+        return 0
+
     def extra_padding(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:
         """Rows and columns of zeros a convolution reads below and right of its workload's
         padded input: a template computing whole output tiles reads past the image's edge

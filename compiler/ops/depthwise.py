@@ -2,12 +2,20 @@
 
 Workload (N, C, H, W, KH, KW, stride, pad, epilogue), float32; `epilogue` as conv2d's: 0 (none),
 1 (+ bias), 2 (+ bias, then ReLU) or 3 (+ bias, then ReLU6). Arguments: the pre-padded input
-`[N][C/cb][H+2p][W+2p][cb]`, the packed weight `[C/cb][KH][KW][cb]` (see `layout`), the bias
-`[C/cb][cb]` when there is an epilogue, and the output `[N][C/cb][OH][OW][cb]`. The register
-tile is `reg_n` output pixels x one channel block: every tap loads one input vector per pixel
-and one weight vector (no broadcasts: channels are lanes). The epilogue is applied to the
-accumulators as they are stored (MobileNetV2's bias and clip: no pass of their own over the
+`[N][C/cb][H][W][cb]` (not padded), the packed weight `[C/cb][KH][KW][cb]` (see `layout`), the
+bias `[C/cb][cb]` when there is an epilogue, and the output `[N][C/cb][OH][OW][cb]`. The
+register tile is `reg_n` output pixels x one channel block: every tap loads one input vector
+per pixel and one weight vector (no broadcasts: channels are lanes). The epilogue is applied to
+the accumulators as they are stored (MobileNetV2's bias and clip: no pass of their own over the
 output).
+
+The padding is the kernel's own, a `data_pad` stage computed inside the kernel (knob `pad_at`):
+per channel block ("block": the block's padded plane, each element built once, 215 KB at 56x56,
+in L2) or per output row ("row": the KH padded rows that row reads, in L1, each input row built
+KH / stride times). A separate pad kernel had cost MobileNetV2 0.55 ms of its ~10 (its
+96-channel 112x112 input alone is 4.8 MB); rows alone made its stride-1 layers 1.5x slower
+than with that kernel (every row built 3 times), planes alone left the 112x112 layers' planes
+(831 KB) beyond L2.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from compiler import te
+from compiler.ir import expr as E
 from compiler.ops.base import OpTemplate
 from compiler.ops.conv2d import EPILOGUES, RELU6_CAP, epilogue_compute
 from compiler.ops.layout import (
@@ -32,6 +41,7 @@ from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.tensor import ComputeOp, Reduce, Tensor
 
 FIELDS = ("N", "C", "H", "W", "KH", "KW", "stride", "pad", "epilogue")
+PAD_AT = ("block", "row")  # where the padded input is built (see the module doc)
 
 
 def depthwise_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
@@ -52,6 +62,25 @@ def depthwise_reference(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> 
             ]
             out += window * w[:, 0, y, xx].astype(np.float64).reshape(1, c, 1, 1)
     return out.astype(np.float32)
+
+
+def padded(x: Tensor, pad: int) -> Tensor:
+    """NCHW[x]c `x` with `pad` zero rows and columns on every side (reads clamped into `x`, so
+    a vectorized select never loads outside it)."""
+    n, blocks, h, w, cb = x.shape
+
+    def clamp(i: E.Expr, size: int) -> E.Expr:
+        return E.Min(E.Max(i, E.IntImm(0)), E.IntImm(size - 1))
+
+    def inside(i: E.Expr, size: int) -> E.Expr:
+        return E.And(E.LE(E.IntImm(0), i), E.LT(i, E.IntImm(size)))
+
+    def body(b: E.Var, co: E.Var, y: E.Var, xx: E.Var, ci: E.Var) -> E.Expr:
+        iy, ix = y - E.IntImm(pad), xx - E.IntImm(pad)
+        value = x[b, co, clamp(iy, h), clamp(ix, w), ci]
+        return E.Select(E.And(inside(iy, h), inside(ix, w)), value, E.FloatImm(0.0))
+
+    return te.compute((n, blocks, h + 2 * pad, w + 2 * pad, cb), body, name="data_pad")
 
 
 class DepthwiseConv2dTemplate(OpTemplate):
@@ -78,6 +107,7 @@ class DepthwiseConv2dTemplate(OpTemplate):
                 Knob("c_block", channel_blocks(c)),
                 Knob("reg_n", tile_choices(ow, 16)),
                 Knob("unroll_kw", (True, False)),
+                Knob("pad_at", PAD_AT),
             ]
         )
 
@@ -108,10 +138,15 @@ class DepthwiseConv2dTemplate(OpTemplate):
         n, c, _, _, kh, kw, _, _, _, oh, ow = self.geometry(shape)
         return 2.0 * n * c * oh * ow * kh * kw
 
+    def internal_pad(self, shape: tuple[int, ...]) -> int:
+        """The kernel pads its input itself (see the module doc)."""
+        return int(self.geometry(shape)[7])
+
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         n, c, h, w, kh, kw, stride, pad, epilogue, oh, ow = self.geometry(shape)
         cb = self._block(shape, config)
-        x = te.placeholder((n, c // cb, h + 2 * pad, w + 2 * pad, cb), name="data")
+        data = te.placeholder((n, c // cb, h, w, cb), name="data")
+        x = padded(data, pad) if pad else data
         wt = te.placeholder((c // cb, kh, kw, cb), name="weight")
         ry = te.reduce_axis((0, kh), name="ry")
         rx = te.reduce_axis((0, kw), name="rx")
@@ -124,10 +159,10 @@ class DepthwiseConv2dTemplate(OpTemplate):
             name="conv" if epilogue else "out",
         )
         if not epilogue:
-            return [x, wt, out]
+            return [data, wt, out]
         bias = te.placeholder((c // cb, cb), name="bias")
         cap = RELU6_CAP if epilogue == 3 else None
-        return [x, wt, bias, epilogue_compute(out, bias, relu=epilogue >= 2, cap=cap)]
+        return [data, wt, bias, epilogue_compute(out, bias, relu=epilogue >= 2, cap=cap)]
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         """Loops n, c block, oh, owo | ry, rx, owi (unrolled), ci (vector): the `reg_n` x cb
@@ -140,6 +175,8 @@ class DepthwiseConv2dTemplate(OpTemplate):
         conv = out
         if not isinstance(out.op.body, Reduce):
             conv = next(t for t in out.op.inputs if isinstance(t.op, ComputeOp))
+        assert isinstance(conv.op, ComputeOp)
+        pad = next((t for t in conv.op.inputs if t.name == "data_pad"), None)
         acc = sch.cache_write(conv, "local")
         if conv is not out:
             sch[conv].compute_inline()
@@ -149,6 +186,9 @@ class DepthwiseConv2dTemplate(OpTemplate):
         st.reorder(b, co, y, xo, xi, ci)
         st.unroll(xi)
         st.vectorize(ci)
+        if pad is not None:
+            sch[pad].compute_at(st, co if config.get("pad_at", "block") == "block" else y)
+            sch[pad].vectorize(sch[pad].axis[-1])
         sa = sch[acc]
         sa.compute_at(st, xo)
         ry, rx = sa.reduce_axis
@@ -163,10 +203,10 @@ class DepthwiseConv2dTemplate(OpTemplate):
     def pack_inputs(
         self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
     ) -> list[np.ndarray]:
-        pad, epilogue = self.geometry(shape)[7:9]
+        epilogue = self.geometry(shape)[8]
         cb = self._block(shape, config)
         packed = [
-            pack_nchwc(pad_spatial(np.asarray(inputs[0], np.float32), pad), cb),
+            pack_nchwc(np.asarray(inputs[0], np.float32), cb),
             pack_depthwise_weight(np.asarray(inputs[1], np.float32), cb),
         ]
         if epilogue:

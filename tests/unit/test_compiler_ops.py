@@ -391,3 +391,24 @@ def test_flat_1x1_register_budget_counts_the_weight_vectors() -> None:
         if c["oc_block"] == 16 and conv.worth_measuring(wl, c, "x86_64-avx2")
     )
     assert first["reg_n"] == 6
+
+
+def test_depthwise_pads_its_input_itself_per_block_or_per_row() -> None:
+    """The data argument is the unpadded input; both places the padded input is built (a
+    block's plane, an output row's input rows) give numpy's result, strided and 5x5 too."""
+    dw = template("depthwise_conv2d_nchwc")
+    cases = []
+    for shape in (
+        (1, 32, 9, 7, 3, 3, 1, 1, 3),
+        (1, 16, 8, 9, 3, 3, 2, 1, 1),
+        (1, 16, 6, 6, 5, 5, 1, 2, 0),
+    ):
+        _, args = dw.instantiate(shape, dw.config_space(shape).get(0))
+        n, c, h, w = shape[:4]
+        assert list(args[0].shape) == [n, c // 16, h, w, 16]  # not padded
+        space = dw.config_space(shape)
+        for at in ("block", "row"):
+            knobs = {"c_block": 16, "reg_n": 4, "unroll_kw": True, "pad_at": at}
+            cases.append((shape, space.get(space.index_of(knobs))))
+    for (shape, config), (ours, ref) in zip(cases, run_built(dw, cases), strict=True):
+        check_close(ours, ref, f"depthwise {shape} {dict(config)}", shape[4] * shape[5])

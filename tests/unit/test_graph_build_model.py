@@ -219,7 +219,8 @@ def test_pools_and_dense_head_with_two_outputs() -> None:
 @pytest.mark.parametrize(("act", "epilogue"), [("Relu", 2), ("Clip", 3), (None, 1)])
 def test_depthwise_bias_and_activation_are_its_epilogue(act: str | None, epilogue: int) -> None:
     """A depthwise conv's bias (its folded BatchNorm) and ReLU / ReLU6 run in its own kernel's
-    epilogue: the group is a pad and the anchor, with no tail pass over the output."""
+    epilogue, and it pads its input itself: the group is one kernel, with no pad step before it
+    and no tail pass over the output."""
     n = Net(4)
     x = n.node("Relu", [n.bn(n.conv("x", 3, 16, 3), 16)])
     w = n.param((16, 1, 3, 3))
@@ -238,7 +239,7 @@ def test_depthwise_bias_and_activation_are_its_epilogue(act: str | None, epilogu
     assert task.workload[-1] == epilogue
     plan = plan_model(from_onnx(model))
     (group,) = [s.group for s in plan.steps if s.config and "c_block" in s.config]
-    assert [s.role for s in plan.steps if s.group == group] == ["pad", "anchor"]
+    assert [s.role for s in plan.steps if s.group == group] == ["anchor"]
 
 
 def test_transformer_block() -> None:
