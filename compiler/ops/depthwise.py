@@ -1,7 +1,7 @@
 """Depthwise conv2d in NCHW[x]c: each channel convolved with its own KxK filter.
 
 Workload (N, C, H, W, KH, KW, stride, pad, epilogue), float32; `epilogue` as conv2d's: 0 (none),
-1 (+ bias), 2 (+ bias, then ReLU) or 3 (+ bias, then ReLU6). Arguments: the pre-padded input
+1 (+ bias), 2 (+ bias, then ReLU) or 3 (+ bias, then ReLU6). Arguments: the input
 `[N][C/cb][H][W][cb]` (not padded), the packed weight `[C/cb][KH][KW][cb]` (see `layout`), the
 bias `[C/cb][cb]` when there is an epilogue, and the output `[N][C/cb][OH][OW][cb]`. The
 register tile is `reg_n` output pixels x one channel block: every tap loads one input vector
