@@ -36,13 +36,12 @@ from compiler.graph.te_util import (
     ComputeFn,
     Index,
     broadcast_load,
-    clamp,
     compute_of,
     const,
     float_attr,
-    in_range,
 )
 from compiler.ir import expr as E
+from compiler.te.math import clamp, in_range
 from compiler.te.tensor import Tensor
 
 TE_COMPUTES: dict[str, ComputeFn] = dict(REDUCTION_COMPUTES)

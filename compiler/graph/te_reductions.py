@@ -22,14 +22,13 @@ from compiler.graph.te_util import (
     ComputeFn,
     Index,
     broadcast_load,
-    clamp,
     compute_of,
     const,
     float_attr,
-    in_range,
     reduce_axes,
 )
 from compiler.ir import expr as E
+from compiler.te.math import clamp, in_range
 from compiler.te.tensor import IterVar, Tensor
 
 REDUCTION_COMPUTES: dict[str, ComputeFn] = {}

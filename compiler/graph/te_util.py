@@ -46,16 +46,6 @@ def broadcast_load(t: Tensor, index: Sequence[E.Expr]) -> E.Expr:
     return t[tuple(E.IntImm(0) if d == 1 else index[skip + a] for a, d in enumerate(t.shape))]
 
 
-def clamp(i: E.Expr, size: int) -> E.Expr:
-    """`i` clamped into [0, size)."""
-    return E.Min(E.Max(i, E.IntImm(0)), E.IntImm(size - 1))
-
-
-def in_range(i: E.Expr, size: int) -> E.Expr:
-    """Whether 0 <= i < size."""
-    return E.And(E.LE(E.IntImm(0), i), E.LT(i, E.IntImm(size)))
-
-
 def reduce_axes(op: str, axes: Sequence[int], shape: tuple[int, ...]) -> list[IterVar]:
     """One reduction axis per axis of `axes`, over that axis of `shape`."""
     return [te.reduce_axis((0, shape[a]), name=f"{op}_k{a}") for a in axes]

@@ -86,8 +86,16 @@ def conv2d_reference(
                 xx : xx + stride * (ow - 1) + 1 : stride,
             ]
             out += np.einsum("nchw,oc->nohw", window, w[:, :, y, xx].astype(np.float64))
+    return reference_epilogue(out, bias, relu, cap)
+
+
+def reference_epilogue(
+    out: np.ndarray, bias: np.ndarray | None, relu: bool, cap: float | None = None
+) -> np.ndarray:
+    """NCHW float64 sums + bias per channel, then max(., 0) if `relu` and min(., cap) if `cap`,
+    as float32."""
     if bias is not None:
-        out += bias.reshape(1, oc, 1, 1)
+        out = out + np.asarray(bias, np.float64).reshape(1, -1, 1, 1)
     if relu:
         out = np.maximum(out, 0.0)
     if cap is not None:
@@ -129,6 +137,29 @@ def epilogue_compute(
         return E.Min(value, E.FloatImm(cap)) if cap is not None else value
 
     return te.compute(conv.shape, body, name=name)
+
+
+def with_epilogue(inputs: list[Tensor], conv: Tensor, epilogue: int) -> list[Tensor]:
+    """A template's arguments: `inputs`, then the output `conv` itself (epilogue 0), or a bias
+    `[blocks][block]` placeholder and `epilogue_compute` over `conv` (see `EPILOGUES`)."""
+    if not epilogue:
+        return [*inputs, conv]
+    bias = te.placeholder((conv.shape[1], conv.shape[-1]), name="bias")
+    cap = RELU6_CAP if epilogue == 3 else None
+    return [*inputs, bias, epilogue_compute(conv, bias, relu=epilogue >= 2, cap=cap)]
+
+
+def local_accumulators(sch: Schedule, out: Tensor) -> Tensor:
+    """The reduction behind `out` cache-written to a "local" tile (its stage inlined into an
+    epilogue `out`, so the epilogue applies to the accumulators on their way to memory)."""
+    assert isinstance(out.op, ComputeOp)
+    conv = out
+    if not isinstance(out.op.body, Reduce):
+        conv = next(t for t in out.op.inputs if isinstance(t.op, ComputeOp))
+    acc = sch.cache_write(conv, "local")
+    if conv is not out:
+        sch[conv].compute_inline()
+    return acc
 
 
 class Conv2dNCHWcTemplate(OpTemplate):
@@ -197,13 +228,7 @@ class Conv2dNCHWcTemplate(OpTemplate):
         icb, ocb = self.blocks(shape, config)
         x = te.placeholder((n, ic // icb, h + 2 * pad, w + 2 * pad, icb), name="data")
         wt = te.placeholder((oc // ocb, ic // icb, kh, kw, icb, ocb), name="weight")
-        conv = conv2d_nchwc_compute(x, wt, stride, (oh, ow))
-        if not epilogue:
-            return [x, wt, conv]
-        bias = te.placeholder((oc // ocb, ocb), name="bias")
-        cap = RELU6_CAP if epilogue == 3 else None
-        out = epilogue_compute(conv, bias, relu=epilogue >= 2, cap=cap)
-        return [x, wt, bias, out]
+        return with_epilogue([x, wt], conv2d_nchwc_compute(x, wt, stride, (oh, ow)), epilogue)
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         """Accumulators in a local tile computed at the output's register-tile loop.
@@ -214,13 +239,7 @@ class Conv2dNCHWcTemplate(OpTemplate):
         """
         out = args[-1]
         sch = create_schedule(out)
-        assert isinstance(out.op, ComputeOp)
-        conv = out
-        if not isinstance(out.op.body, Reduce):
-            conv = next(t for t in out.op.inputs if isinstance(t.op, ComputeOp))
-        acc = sch.cache_write(conv, "local")
-        if conv is not out:
-            sch[conv].compute_inline()
+        acc = local_accumulators(sch, out)
         st = sch[out]
         attach = self.schedule_output(st, config)
         st.vectorize(st.leaf_iter_vars[-1])
@@ -353,11 +372,7 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
             ),
             name="conv",
         )
-        if not epilogue:
-            return [x, wt, conv]
-        bias = te.placeholder((oc // ocb, ocb), name="bias")
-        cap = RELU6_CAP if epilogue == 3 else None
-        return [x, wt, bias, epilogue_compute(conv, bias, relu=epilogue >= 2, cap=cap)]
+        return with_epilogue([x, wt], conv, epilogue)
 
     def schedule_output(self, st: Stage, config: Config) -> IterVar:
         """Flat: loops n, oco, po | pi (unrolled), oci, or n, po, oco with oc_order "inner"."""

@@ -27,7 +27,13 @@ import numpy as np
 from compiler import te
 from compiler.ir import expr as E
 from compiler.ops.base import OpTemplate
-from compiler.ops.conv2d import EPILOGUES, RELU6_CAP, epilogue_compute
+from compiler.ops.conv2d import (
+    EPILOGUES,
+    RELU6_CAP,
+    local_accumulators,
+    reference_epilogue,
+    with_epilogue,
+)
 from compiler.ops.layout import (
     pack_bias,
     pack_depthwise_weight,
@@ -38,7 +44,8 @@ from compiler.ops.layout import (
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import channel_blocks, check_workload, tile_choices
 from compiler.schedule.schedule import Schedule, create_schedule
-from compiler.te.tensor import ComputeOp, Reduce, Tensor
+from compiler.te.math import all_of, clamp, in_range
+from compiler.te.tensor import Tensor
 
 FIELDS = ("N", "C", "H", "W", "KH", "KW", "stride", "pad", "epilogue")
 PAD_AT = ("block", "row")  # where the padded input is built (see the module doc)
@@ -69,16 +76,10 @@ def padded(x: Tensor, pad: int) -> Tensor:
     a vectorized select never loads outside it)."""
     n, blocks, h, w, cb = x.shape
 
-    def clamp(i: E.Expr, size: int) -> E.Expr:
-        return E.Min(E.Max(i, E.IntImm(0)), E.IntImm(size - 1))
-
-    def inside(i: E.Expr, size: int) -> E.Expr:
-        return E.And(E.LE(E.IntImm(0), i), E.LT(i, E.IntImm(size)))
-
     def body(b: E.Var, co: E.Var, y: E.Var, xx: E.Var, ci: E.Var) -> E.Expr:
         iy, ix = y - E.IntImm(pad), xx - E.IntImm(pad)
         value = x[b, co, clamp(iy, h), clamp(ix, w), ci]
-        return E.Select(E.And(inside(iy, h), inside(ix, w)), value, E.FloatImm(0.0))
+        return E.Select(all_of(in_range(iy, h), in_range(ix, w)), value, E.FloatImm(0.0))
 
     return te.compute((n, blocks, h + 2 * pad, w + 2 * pad, cb), body, name="data_pad")
 
@@ -124,15 +125,11 @@ class DepthwiseConv2dTemplate(OpTemplate):
 
     def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
         *_, stride, pad, epilogue, _, _ = self.geometry(shape)
-        out = depthwise_reference(inputs[0], inputs[1], stride, pad).astype(np.float64)
+        out = depthwise_reference(inputs[0], inputs[1], stride, pad)
         if not epilogue:
-            return out.astype(np.float32)
-        out += np.asarray(inputs[2], np.float64).reshape(1, -1, 1, 1)
-        if epilogue >= 2:
-            out = np.maximum(out, 0.0)
-        if epilogue == 3:
-            out = np.minimum(out, RELU6_CAP)
-        return out.astype(np.float32)
+            return out
+        cap = RELU6_CAP if epilogue == 3 else None
+        return reference_epilogue(out.astype(np.float64), inputs[2], epilogue >= 2, cap)
 
     def flop(self, shape: tuple[int, ...]) -> float:
         n, c, _, _, kh, kw, _, _, _, oh, ow = self.geometry(shape)
@@ -158,11 +155,7 @@ class DepthwiseConv2dTemplate(OpTemplate):
             ),
             name="conv" if epilogue else "out",
         )
-        if not epilogue:
-            return [data, wt, out]
-        bias = te.placeholder((c // cb, cb), name="bias")
-        cap = RELU6_CAP if epilogue == 3 else None
-        return [data, wt, bias, epilogue_compute(out, bias, relu=epilogue >= 2, cap=cap)]
+        return with_epilogue([data, wt], out, epilogue)
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         """Loops n, c block, oh, owo | ry, rx, owi (unrolled), ci (vector): the `reg_n` x cb
@@ -171,15 +164,8 @@ class DepthwiseConv2dTemplate(OpTemplate):
         convolution's own stage is inlined)."""
         out = args[-1]
         sch = create_schedule(out)
-        assert isinstance(out.op, ComputeOp)
-        conv = out
-        if not isinstance(out.op.body, Reduce):
-            conv = next(t for t in out.op.inputs if isinstance(t.op, ComputeOp))
-        assert isinstance(conv.op, ComputeOp)
-        pad = next((t for t in conv.op.inputs if t.name == "data_pad"), None)
-        acc = sch.cache_write(conv, "local")
-        if conv is not out:
-            sch[conv].compute_inline()
+        pad = next((g for g in sch.stages if g.tensor.name == "data_pad"), None)
+        acc = local_accumulators(sch, out)
         st = sch[out]
         b, co, y, xx, ci = st.axis
         xo, xi = st.split(xx, int(config["reg_n"]))
@@ -187,8 +173,8 @@ class DepthwiseConv2dTemplate(OpTemplate):
         st.unroll(xi)
         st.vectorize(ci)
         if pad is not None:
-            sch[pad].compute_at(st, co if config.get("pad_at", "block") == "block" else y)
-            sch[pad].vectorize(sch[pad].axis[-1])
+            pad.compute_at(st, co if config.get("pad_at", "block") == "block" else y)
+            pad.vectorize(pad.axis[-1])
         sa = sch[acc]
         sa.compute_at(st, xo)
         ry, rx = sa.reduce_axis

@@ -1,4 +1,5 @@
-"""Elementwise helpers for compute bodies: maximum, minimum, select, cast and math functions."""
+"""Elementwise helpers for compute bodies: maximum, minimum, select, cast, math functions and
+index bounds (clamp, in_range)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,16 @@ def tanh(x: E.Expr) -> E.Expr:
 
 def erf(x: E.Expr) -> E.Expr:
     return E.Call("erf", (x,))
+
+
+def clamp(i: E.Expr, size: int) -> E.Expr:
+    """Index `i` clamped into [0, size) (a padded read that stays inside its tensor)."""
+    return E.Min(E.Max(i, E.IntImm(0)), E.IntImm(size - 1))
+
+
+def in_range(i: E.Expr, size: int) -> E.Expr:
+    """Whether 0 <= i < size."""
+    return E.And(E.LE(E.IntImm(0), i), E.LT(i, E.IntImm(size)))
 
 
 def all_of(*conds: E.Expr) -> E.Expr:
