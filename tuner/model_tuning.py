@@ -370,8 +370,8 @@ def configs_from_records(graph: Graph, store: RecordStore, target: str) -> dict[
     Only records of today's config space (`space_size` checked) count; a task without one is
     left out, so the builder uses its default. A config with other channel blocks than the
     default layout's is taken only when it beats the best that keeps them by more than the
-    conversions it brings cost (`layout_cost_s`) plus `BLOCK_CHANGE_MARGIN` of that config's
-    time, or none keeps them.
+    conversions it brings cost (`layout_cost_s`) plus `BLOCK_CHANGE_MARGIN` of the
+    block-keeping config's time, or none keeps them.
     """
     configs: dict[TaskKey, Config] = {}
     resolved = target_name(target)

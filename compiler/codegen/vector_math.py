@@ -98,7 +98,6 @@ def vector_math_helper(name: str, lanes: int) -> str:
 
 
 def vector_math_helpers(calls: set[tuple[str, int]]) -> list[str]:
-    """Definitions for every (name, lanes) used, each after the ones it calls (erf uses exp)."""
-    needed = set(calls)
+    """Definitions for every (name, lanes) used, in a fixed order (exp, then erf; by lanes)."""
     order = {"exp": 0, "erf": 1}
-    return [vector_math_helper(n, k) for n, k in sorted(needed, key=lambda c: (order[c[0]], c[1]))]
+    return [vector_math_helper(n, k) for n, k in sorted(calls, key=lambda c: (order[c[0]], c[1]))]
