@@ -92,10 +92,21 @@ def _chain_vars(
     for leaf in target.leaf_iter_vars[pos + 1 :]:
         relaxed[leaf.var] = (E.IntImm(0), bounds[target].extent[leaf])
     if shared:
-        # A shared buffer serves every thread of the block: relax the thread axes around it too.
-        for leaf in target.leaf_iter_vars[: pos + 1]:
-            if target.thread_tags.get(leaf, "").startswith("threadIdx"):
-                relaxed[leaf.var] = (E.IntImm(0), bounds[target].extent[leaf])
+        # A shared buffer serves every thread of the block: relax the thread axes around it too,
+        # those of the stages `target` is itself computed inside included (a register tile
+        # attached at a thread loop of the output).
+        outer: Stage | None = target
+        leaves = target.leaf_iter_vars[: pos + 1]
+        while outer is not None:
+            for leaf in leaves:
+                if outer.thread_tags.get(leaf, "").startswith("threadIdx"):
+                    relaxed[leaf.var] = (E.IntImm(0), bounds[outer].extent[leaf])
+            if outer.attach != "at" or outer.attach_stage is None:
+                break
+            at_ivar = outer.attach_ivar
+            outer = outer.attach_stage
+            assert at_ivar is not None
+            leaves = outer.leaf_iter_vars[: outer.leaf_iter_vars.index(at_ivar) + 1]
     current = reader
     while current is not target:
         for leaf in current.leaf_iter_vars:
