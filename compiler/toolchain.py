@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -204,6 +205,49 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
             )
         os.replace(out, path)  # atomic: another builder sees the whole file or none
     return SharedObject(path.read_bytes(), path, cache_hit=False)
+
+
+def find_nvcc() -> str | None:
+    """CUDA's compiler: on PATH, or in the toolkit's usual place."""
+    for candidate in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+def compile_cuda(source: str, arch: str = "sm_90", output: str = "cubin") -> bytes:
+    """Compile CUDA `source` with nvcc into a `cubin` (or `ptx`) for `arch`, through the same
+    content-hash cache as the C builds.
+
+    Raises:
+        BuildError: nvcc is missing, `output` or `arch` is malformed, or nvcc failed (its
+            stderr is carried).
+    """
+    if output not in ("cubin", "ptx"):
+        raise BuildError(f"nvcc output must be cubin or ptx, not {output!r}")
+    if not re.fullmatch(r"(sm|compute)_\d+[a-z]?", arch):
+        raise BuildError(f"malformed CUDA architecture {arch!r} (expected e.g. sm_90)")
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise BuildError("nvcc is not installed (looked on PATH and in /usr/local/cuda/bin)")
+    flags = [f"-{output}", f"-arch={arch}", "-O3"]
+    key = hashlib.sha256("\0".join([source, _compiler_identity(nvcc), *flags]).encode()).hexdigest()
+    directory = cache_dir()
+    path = directory / f"{key}.{output}"
+    if path.exists():
+        return path.read_bytes()
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+        src, out = Path(tmp) / "kernel.cu", Path(tmp) / f"kernel.{output}"
+        src.write_text(source)
+        try:
+            proc = _run([nvcc, *flags, "-o", str(out), str(src)])
+        except subprocess.TimeoutExpired as exc:
+            raise BuildError(f"nvcc ran past {COMPILE_TIMEOUT_S:.0f} s") from exc
+        if proc.returncode != 0:
+            raise BuildError(f"nvcc failed for {arch} (exit {proc.returncode})", proc.stderr)
+        os.replace(out, path)
+    return path.read_bytes()
 
 
 def _extra_flags(source: str, compiler: str) -> tuple[str, ...]:

@@ -90,7 +90,8 @@ class _CudaWriter(FunctionWriter):
             return [f"{pad}__syncthreads();"]
         if isinstance(s, Allocate):
             buf = s.buffer
-            qual = "__shared__ " if buf.scope == "shared" else ""
+            # 16-byte aligned so nvcc may read a thread's consecutive elements as one 128-bit load
+            qual = "__shared__ __align__(16) " if buf.scope == "shared" else ""
             return [
                 f"{pad}{{",
                 f"{pad}  {qual}{_ctype(buf.dtype)} {self.name(buf)}[{buf.size}];",

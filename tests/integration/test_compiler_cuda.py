@@ -1,5 +1,6 @@
-"""The CUDA renderer: a shared-memory tiled GEMM, checked in the interpreter against numpy and
-compiled with `nvcc -ptx -arch=sm_90` (no GPU needed; skipped when nvcc is absent)."""
+"""The CUDA renderer: shared-memory and register-tiled GEMMs, checked in the interpreter against
+numpy and compiled with nvcc for sm_90 (no GPU needed; skipped when nvcc is absent). Running them
+on a GPU is `test_cuda_gpu.py`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 
 from compiler import te
 from compiler.codegen.cuda import render_cuda
-from compiler.errors import CodegenError
+from compiler.errors import BuildError, CodegenError, ScheduleError
 from compiler.ir import PrimFunc, interpreter
 from compiler.lower import lower
+from compiler.ops.cuda_gemm import GEMM_CONFIGS, GemmConfig, cuda_gemm
 from compiler.schedule import create_schedule
+from compiler.toolchain import compile_cuda
 
 NVCC = shutil.which("nvcc") or (
     "/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None
@@ -66,7 +69,7 @@ def test_render_binds_threads_shares_memory_and_synchronises() -> None:
     assert (kernel.grid, kernel.block) == ((4, 4, 1), (16, 16, 1))
     src = kernel.source
     assert 'extern "C" __global__ void gemm(float *__restrict__ A' in src
-    assert "__shared__ float A_shared[256];" in src
+    assert "__shared__ __align__(16) float A_shared[256];" in src
     assert "(int32_t)threadIdx.x" in src and "(int32_t)blockIdx.y" in src
     assert src.count("__syncthreads();") == 3  # after each copy, and before the next tile
 
@@ -97,3 +100,68 @@ def test_nvcc_compiles_the_kernel_to_ptx(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     ptx = out.read_text()
     assert ".visible .entry gemm(" in ptx and "bar.sync" in ptx and ".shared" in ptx
+
+
+def test_register_tiled_gemm_shares_block_tiles_and_is_correct_in_the_interpreter() -> None:
+    # 4x4 threads a block, each with a 4x4 register tile; two blocks each way
+    cfg = GemmConfig(block_m=16, block_n=16, reg_m=4, reg_n=4, k_tile=4)
+    func = cuda_gemm(32, 32, 8, cfg)
+    text = str(func)
+    assert "C.local = allocate(float32[4, 4], local)" in text
+    # the shared tiles serve the whole block (16 rows of A, 16 columns of B), though they are
+    # computed inside the register tile's stage, which is inside the thread loops
+    assert "A.shared = allocate(float32[16, 4], shared)" in text
+    assert "B.shared = allocate(float32[4, 16], shared)" in text
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((32, 8), dtype=np.float32)
+    b = rng.standard_normal((8, 32), dtype=np.float32)
+    c = np.full((32, 32), np.nan, np.float32)
+    interpreter.run(func, a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    kernel = render_cuda(func, "gemm")
+    assert (kernel.grid, kernel.block) == ((2, 2, 1), (4, 4, 1))
+    assert "float C_local[16];" in kernel.source
+
+
+def test_cuda_gemm_config_errors_name_the_size() -> None:
+    with pytest.raises(ScheduleError, match="M=30 is not a multiple of 64"):
+        cuda_gemm(30, 64, 64)
+    with pytest.raises(ScheduleError, match="block_n=64 is not a multiple of 3"):
+        cuda_gemm(64, 64, 64, GemmConfig(reg_n=3))
+    with pytest.raises(ScheduleError, match="2048 threads a block"):
+        cuda_gemm(256, 256, 64, GemmConfig(block_m=256, block_n=128, reg_m=4, reg_n=4))
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_nvcc_builds_every_benchmark_config_without_spilling(tmp_path: Path) -> None:
+    for cfg in GEMM_CONFIGS:
+        kernel = render_cuda(cuda_gemm(256, 256, 256, cfg), "gemm")
+        cubin = compile_cuda(kernel.source, "sm_90")
+        assert cubin[:4] == b"\x7fELF"
+        src = tmp_path / "k.cu"
+        src.write_text(kernel.source)
+        assert NVCC is not None
+        proc = subprocess.run(
+            [
+                NVCC,
+                "-cubin",
+                "-arch=sm_90",
+                "-O3",
+                "-Xptxas",
+                "-v",
+                "-o",
+                str(tmp_path / "k"),
+                str(src),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "0 bytes spill stores" in proc.stderr, (cfg, proc.stderr)
+
+
+def test_compile_cuda_rejects_a_malformed_architecture() -> None:
+    with pytest.raises(BuildError, match="malformed CUDA architecture"):
+        compile_cuda("", "sm90; rm -rf /")
