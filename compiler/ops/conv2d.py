@@ -37,6 +37,9 @@ RELU6_CAP = 6.0
 # Where the output-channel block loop sits: outside the rows ("outer": a block's weights stay
 # in L1/L2 across the image) or inside the pixel tile ("inner": the input tile stays in L1).
 OC_ORDERS = ("outer", "inner")
+# How the register tile covers the image: "rows" is reg_n pixels of oh_tile rows; "flat" is
+# reg_n consecutive pixels of the image taken as one axis, across row ends (any count fits).
+PIXEL_TILINGS = ("rows", "flat")
 CONV_MAX_TILE = 24  # accumulator vectors: a conv tile also keeps weight vectors live per tap
 
 
@@ -124,6 +127,31 @@ def conv2d_nchwc_compute(
     )
 
 
+def conv2d_flat_compute(
+    x: Tensor, w: Tensor, stride: int, out_hw: tuple[int, int], name: str = "conv"
+) -> Tensor:
+    """`conv2d_nchwc_compute` with the output's pixels as one axis p = oh * OW + ow:
+    `[N][OC/ocb][OH*OW][ocb]`, the same bytes as the 5-D form. A register tile of consecutive
+    pixels may then cross row ends; each pixel finds its input window by p // OW and p % OW,
+    which do not change inside the reduction and are computed once per tile."""
+    n = x.shape[0]
+    oc_blocks, ic_blocks, kh, kw, icb, ocb = w.shape
+    _, ow = out_hw
+    rco = te.reduce_axis((0, ic_blocks), name="rco")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rci = te.reduce_axis((0, icb), name="rci")
+    return te.compute(
+        (n, oc_blocks, out_hw[0] * ow, ocb),
+        lambda b, oco, p, oci: te.sum(
+            x[b, rco, (p // ow) * stride + ry.var, (p % ow) * stride + rx.var, rci]
+            * w[oco, rco, ry, rx, rci, oci],
+            axis=(rco, ry, rx, rci),
+        ),
+        name=name,
+    )
+
+
 def epilogue_compute(
     conv: Tensor, bias: Tensor, relu: bool, name: str = "out", cap: float | None = None
 ) -> Tensor:
@@ -177,20 +205,41 @@ class Conv2dNCHWcTemplate(OpTemplate):
             [
                 Knob("ic_block", channel_blocks(ic)),
                 Knob("oc_block", channel_blocks(oc)),
-                Knob("reg_n", tile_choices(ow, 32)),
+                Knob("reg_n", self.pixel_tiles(oh, ow)),
                 # Output rows in the register tile: rows share each weight vector they load.
                 Knob("oh_tile", tuple(t for t in (1, 2, 4) if t <= oh)),
                 Knob("unroll_kw", (True, False)),
                 Knob("oc_order", OC_ORDERS),
+                Knob("pixels", PIXEL_TILINGS),
             ]
         )
 
+    @staticmethod
+    def pixel_tiles(oh: int, ow: int) -> tuple[int, ...]:
+        """reg_n's choices: the row tiles (powers of two and divisors of OW) and the flat ones."""
+        flat = (t for t in Conv2d1x1Template.FLAT_TILES if t <= oh * ow)
+        return tuple(sorted(set(tile_choices(ow, 32)) | set(flat)))
+
+    @staticmethod
+    def is_flat(config: Config | None) -> bool:
+        """Whether `config` tiles the output's pixels as one axis (knob `pixels`)."""
+        return config is not None and config.get("pixels") == "flat"
+
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         geometry = self.geometry(shape)
-        oc, ow = geometry[4], geometry[-1]
+        oc, oh, ow = geometry[4], geometry[-2], geometry[-1]
         regs = register_file(target)
         rows = int(config["oh_tile"]) if "oh_tile" in config else 1
         vectors = ceil_div(int(config["oc_block"]), regs.lanes)
+        if self.is_flat(config):
+            if rows != 1:
+                return False  # the flat tile has no rows: one config stands for all
+            most = min(oh * ow, 28) * min(ceil_div(oc, regs.lanes), 4)
+            # Beside the accumulators: one weight vector per vector of the block, one broadcast.
+            limit = min(CONV_MAX_TILE, regs.registers - vectors - 1)
+            return register_tile_fits(int(config["reg_n"]) * vectors, most, limit)
+        if int(config["reg_n"]) not in tile_choices(ow, 32):
+            return False  # a flat-only tile
         most = min(ow * rows, 28) * min(ceil_div(oc, regs.lanes), 4)
         # Measured on AVX-512: 28-vector conv tiles ran at half the speed of 14-vector ones.
         limit = min(CONV_MAX_TILE, regs.max_accumulators)
@@ -228,7 +277,11 @@ class Conv2dNCHWcTemplate(OpTemplate):
         icb, ocb = self.blocks(shape, config)
         x = te.placeholder((n, ic // icb, h + 2 * pad, w + 2 * pad, icb), name="data")
         wt = te.placeholder((oc // ocb, ic // icb, kh, kw, icb, ocb), name="weight")
-        return with_epilogue([x, wt], conv2d_nchwc_compute(x, wt, stride, (oh, ow)), epilogue)
+        if self.is_flat(config):
+            conv = conv2d_flat_compute(x, wt, stride, (oh, ow))
+        else:
+            conv = conv2d_nchwc_compute(x, wt, stride, (oh, ow))
+        return with_epilogue([x, wt], conv, epilogue)
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         """Accumulators in a local tile computed at the output's register-tile loop.
@@ -254,6 +307,13 @@ class Conv2dNCHWcTemplate(OpTemplate):
         pixels. With oc_order "inner" the output-channel blocks loop inside the pixel tile (n,
         oho, owo, oco): a tile of input stays in L1 while every block of weights passes over it.
         """
+        if len(st.axis) == 4:  # flat: n, oco, po | pi (unrolled), oci
+            b, oco, p, oci = st.axis
+            po, pi = st.split(p, int(config["reg_n"]))
+            flat = [b, oco, po] if config["oc_order"] == "outer" else [b, po, oco]
+            st.reorder(*flat, pi, oci)
+            st.unroll(pi)
+            return flat[-1]
         b, oco, oh, ow, oci = st.axis
         oho, ohi = st.split(oh, int(config.get("oh_tile", 1)))
         owo, owi = st.split(ow, int(config["reg_n"]))
@@ -270,15 +330,15 @@ class Conv2dNCHWcTemplate(OpTemplate):
         order rco, ry, rci, rx): one loop body of KW x reg_n FMAs per vector, whose input
         broadcasts for neighbouring columns share cache lines.
         """
-        b, oco, oh, ow, oci = st.axis
+        *outer, oci = st.axis  # b, oco, oh, ow or, flat, b, oco, p
         rco, ry, rx, rci = st.reduce_axis
         if config["unroll_kw"]:
-            st.reorder(rco, ry, rci, rx, b, oco, oh, ow, oci)
+            st.reorder(rco, ry, rci, rx, *outer, oci)
             st.unroll(rx)
         else:
-            st.reorder(rco, ry, rx, rci, b, oco, oh, ow, oci)
-        st.unroll(oh)
-        st.unroll(ow)
+            st.reorder(rco, ry, rx, rci, *outer, oci)
+        for pixel_axis in outer[2:]:
+            st.unroll(pixel_axis)
         st.vectorize(oci)
 
     def pack_inputs(
@@ -297,6 +357,10 @@ class Conv2dNCHWcTemplate(OpTemplate):
     def unpack_output(
         self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
     ) -> np.ndarray:
+        if output.ndim == 4:  # flat pixels: the same bytes as [N][OC/ocb][OH][OW][ocb]
+            oh, ow = self.geometry(shape)[10:12]
+            n, blocks, _, ocb = output.shape
+            output = output.reshape(n, blocks, oh, ow, ocb)
         return unpack_nchwc(output)
 
 

@@ -369,6 +369,39 @@ def test_stride_one_1x1_tiles_pixels_across_rows_and_matches_numpy() -> None:
     assert "oh_tile" in conv.config_space(strided).get(0)
 
 
+def test_direct_conv_flat_pixel_tiles_cross_row_ends_and_match_numpy() -> None:
+    """The 3x3 conv's "flat" tiling: reg_n consecutive output pixels of the image as one axis,
+    each finding its strided input window by p // OW, p % OW. A 5-wide output with 6-pixel
+    tiles crosses every row end, and 35 pixels leave a tail of 5; stride 2 and stride 1."""
+    conv = template("conv2d_nchwc")
+    cases = (
+        ((1, 32, 10, 14, 32, 3, 3, 2, 1, 2), 6),  # stride 2: out 5x7 = 35 pixels
+        ((1, 16, 5, 7, 16, 3, 3, 1, 1, 1), 4),  # stride 1: out 5x7
+    )
+    for wl, reg_n in cases:
+        space = conv.config_space(wl)
+        flat = {"ic_block": 16, "oc_block": 16, "reg_n": reg_n, "oh_tile": 1, "pixels": "flat"}
+        picks = [
+            space.get(space.index_of({**flat, "unroll_kw": kw, "oc_order": order}))
+            for kw, order in ((False, "outer"), (True, "inner"))
+        ]
+        _, args = conv.instantiate(wl, picks[0])
+        assert list(args[-1].shape) == [1, wl[4] // 16, 35, 16]  # one axis of output pixels
+        assert all(conv.worth_measuring(wl, c, "x86_64-avx2") for c in picks)
+        for config, (ours, ref) in zip(
+            picks, run_built(conv, [(wl, c) for c in picks]), strict=True
+        ):
+            check_close(ours, ref, f"flat conv {wl} {dict(config)}", wl[1] * 9)
+    # one flat config per tile: row counts are not knobs of it, and row tiles keep row sizes
+    wl = cases[0][0]
+    space = conv.config_space(wl)
+    base = {"ic_block": 16, "oc_block": 16, "unroll_kw": False, "oc_order": "outer"}
+    rows2 = space.get(space.index_of({**base, "reg_n": 6, "oh_tile": 2, "pixels": "flat"}))
+    assert not conv.worth_measuring(wl, rows2, "x86_64-avx2")
+    odd_row = space.get(space.index_of({**base, "reg_n": 6, "oh_tile": 1, "pixels": "rows"}))
+    assert not conv.worth_measuring(wl, odd_row, "x86_64-avx2")  # 6 is no row tile of 7
+
+
 def test_flat_1x1_register_budget_counts_the_weight_vectors() -> None:
     """On AVX2 (16 ymm) a 6-pixel tile of two vectors fits (12 + 2 weights + 1 broadcast), a
     7-pixel one does not, nor 4 pixels of four vectors; the untuned default (the first config
