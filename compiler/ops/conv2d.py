@@ -495,14 +495,15 @@ class Conv2dStemTemplate(Conv2dNCHWcTemplate):
     name = "conv2d_stem_nchwc"
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
-        _, ic, _, _, oc, _, _, _, _, _, _, ow = self.geometry(shape)
+        _, ic, _, _, oc, _, _, _, _, _, oh, ow = self.geometry(shape)
         return ConfigSpace(
             [
                 Knob("ic_block", (ic,)),
                 Knob("oc_block", channel_blocks(oc)),
-                Knob("reg_n", tile_choices(ow, 32)),
+                Knob("reg_n", self.pixel_tiles(oh, ow)),
                 Knob("unroll_kw", (True, False)),
                 Knob("oc_order", OC_ORDERS),
+                Knob("pixels", PIXEL_TILINGS),
             ]
         )
 
@@ -511,12 +512,13 @@ class Conv2dStemTemplate(Conv2dNCHWcTemplate):
         return ic, int(config["oc_block"]) if config is not None else channel_blocks(oc)[0]
 
     def schedule_accumulators(self, st: Stage, config: Config) -> None:
-        """Loops ry, rx (unrolled or not), rci (unrolled) | ow (unrolled), oci (vector)."""
-        b, oco, oh, ow, oci = st.axis
+        """Loops ry, rx (unrolled or not), rci (unrolled) | ow or the flat pixels (unrolled),
+        oci (vector)."""
+        *outer, oci = st.axis  # b, oco, oh, ow or, flat, b, oco, p
         rco, ry, rx, rci = st.reduce_axis
-        st.reorder(rco, ry, rx, rci, b, oco, oh, ow, oci)
+        st.reorder(rco, ry, rx, rci, *outer, oci)
         if config["unroll_kw"]:
             st.unroll(rx)
         st.unroll(rci)
-        st.unroll(ow)
+        st.unroll(outer[-1])
         st.vectorize(oci)

@@ -400,6 +400,16 @@ def test_direct_conv_flat_pixel_tiles_cross_row_ends_and_match_numpy() -> None:
     assert not conv.worth_measuring(wl, rows2, "x86_64-avx2")
     odd_row = space.get(space.index_of({**base, "reg_n": 6, "oh_tile": 1, "pixels": "rows"}))
     assert not conv.worth_measuring(wl, odd_row, "x86_64-avx2")  # 6 is no row tile of 7
+    # the stem (3 channels, 7x7/2) takes flat tiles too: 8x7 = 56 output pixels, tail of 2
+    stem = template("conv2d_stem_nchwc")
+    wl = (1, 3, 16, 14, 16, 7, 7, 2, 3, 2)
+    space = stem.config_space(wl)
+    knobs = {"ic_block": 3, "oc_block": 16, "reg_n": 6, "oc_order": "outer", "pixels": "flat"}
+    picks = [space.get(space.index_of({**knobs, "unroll_kw": kw})) for kw in (True, False)]
+    _, args = stem.instantiate(wl, picks[0])
+    assert list(args[-1].shape) == [1, 1, 56, 16]
+    for config, (ours, ref) in zip(picks, run_built(stem, [(wl, c) for c in picks]), strict=True):
+        check_close(ours, ref, f"flat stem {wl} {dict(config)}", 3 * 49)
 
 
 def test_flat_1x1_register_budget_counts_the_weight_vectors() -> None:
