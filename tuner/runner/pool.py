@@ -277,7 +277,7 @@ class PoolRunner:
         may have lapsed while the caller did other work (building a model takes longer than a
         TTL); nothing was running on it, so another lease serves as well."""
         while self._leases:
-            lease = self._fresh(self._leases[0])
+            lease = self._fresh(self._leases[0], idle=True)
             if lease is not None:
                 self._leases[0] = lease
                 return lease
@@ -370,15 +370,18 @@ class PoolRunner:
                 break
         return error
 
-    def _fresh(self, lease: tracker_pb2.Lease | None) -> tracker_pb2.Lease | None:
-        """`lease`, renewed when less than half its TTL is left; None when it is gone."""
+    def _fresh(
+        self, lease: tracker_pb2.Lease | None, idle: bool = False
+    ) -> tracker_pb2.Lease | None:
+        """`lease`, renewed when less than half its TTL is left; None when it is gone. `idle`:
+        the lease was kept between batches, where lapsing is expected (reported at info)."""
         if lease is None:
             return None
         if lease.expires_at_unix - time.time() >= self.pool.lease_ttl_s / 2:
             return lease
-        return self._renew(lease)
+        return self._renew(lease, idle)
 
-    def _renew(self, lease: tracker_pb2.Lease) -> tracker_pb2.Lease | None:
+    def _renew(self, lease: tracker_pb2.Lease, idle: bool = False) -> tracker_pb2.Lease | None:
         """The renewed lease (with its fresh token), the same lease while a tracker outage leaves
         it time, or None when it is gone."""
         try:
@@ -390,7 +393,10 @@ class PoolRunner:
             self._release(lease)
             return None
         if resp.status != common_pb2.OK:
-            _LOG.warning("lease %s lost: %s", lease.lease_id, resp.reason)
+            # A kept lease that lapsed between batches (a model build outlasts a TTL) is no
+            # loss: nothing ran on it. One that ends while measuring is.
+            log = _LOG.info if idle else _LOG.warning
+            log("lease %s lost: %s", lease.lease_id, resp.reason)
             return None  # nothing left to release
         renewed: tracker_pb2.Lease = resp.lease
         return renewed
