@@ -12,7 +12,7 @@ columns index it without division; otherwise it is [M][N] and the panel index is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -60,6 +60,10 @@ class DenseTemplate(OpTemplate):
                 Knob("kc", (k, *(c for c in _KC if c < k and k % c == 0))),
                 Knob("unroll_k", (1, 2, 4, 8)),
                 Knob("order", _ORDERS),
+                # Copy each block of A into [row tile][k][mr] (BLIS' packed A): the micro-kernel
+                # then reads one contiguous stream instead of mr rows K floats apart, which
+                # share L1 sets when K * 4 bytes is a multiple of 4 KB.
+                Knob("pack_a", (False, True)),
             ]
         )
 
@@ -93,6 +97,7 @@ class DenseTemplate(OpTemplate):
         bp = te.placeholder((ceil_div(n, nr), k, nr), "float32", name="B_packed")
         whole = n % nr == 0
         out_shape = (m, n // nr, nr) if whole else (m, n)
+        a_at = self._a_reader(a, config)
 
         def b_at(kk: E.Expr, cols: tuple[E.Var, ...]) -> E.Expr:
             if whole:
@@ -103,7 +108,7 @@ class DenseTemplate(OpTemplate):
             r = te.reduce_axis((0, k), name="k")
             c = te.compute(
                 out_shape,
-                lambda i, *cols: te.sum(a[i, r] * b_at(r.var, cols), axis=r),
+                lambda i, *cols: te.sum(a_at(i, r.var) * b_at(r.var, cols), axis=r),
                 name="C",
             )
             return [a, bp, c]
@@ -112,7 +117,7 @@ class DenseTemplate(OpTemplate):
         part = te.compute(
             (k // kc, *out_shape),
             lambda ko, i, *cols: te.sum(
-                a[i, ko * kc + rk.var] * b_at(ko * kc + rk.var, cols), axis=rk
+                a_at(i, ko * kc + rk.var) * b_at(ko * kc + rk.var, cols), axis=rk
             ),
             name="C_part",
         )
@@ -121,6 +126,21 @@ class DenseTemplate(OpTemplate):
             out_shape, lambda i, *cols: te.sum(part[(rko, i, *cols)], axis=rko), name="C"
         )
         return [a, bp, c]
+
+    @staticmethod
+    def _a_reader(a: Tensor, config: Config | None) -> Callable[[E.Expr, E.Expr], E.Expr]:
+        """How the product reads A[i, k]: directly, or (pack_a) from `A_packed[i // mr][k][i %
+        mr]`, a copy of A whose rows past M repeat the last row (never stored)."""
+        if config is None or not config.get("pack_a"):
+            return lambda i, kk: a[i, kk]
+        m, k = a.shape
+        mr = int(config["mr"])
+        packed = te.compute(
+            (ceil_div(m, mr), k, mr),
+            lambda io, kk, ii: a[E.Min(io * mr + ii, E.IntImm(m - 1)), kk],
+            name="A_packed",
+        )
+        return lambda i, kk: packed[i // mr, kk, i % mr]
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         """Loops [ko] [mb] jo, mt | k | mi, ji over a register-resident [mr][nr] tile
@@ -161,6 +181,12 @@ class DenseTemplate(OpTemplate):
             tile_at = it
         st.unroll(ii)
         st.vectorize(ji)
+        if config.get("pack_a"):
+            # One block of A (its row tiles, one k block) is packed where the block starts;
+            # with neither blocks of rows nor of k, all of A before the product.
+            pack = next(p for p in sch.stages if p.op.name == "A_packed")
+            if outer:
+                pack.compute_at(st, outer[-1])
         at = sch[part]
         at.compute_at(st, tile_at)
         if blocked:

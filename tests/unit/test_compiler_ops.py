@@ -272,7 +272,15 @@ def test_register_budget_prunes_spilling_tiles_but_keeps_some() -> None:
     for c in kept:
         assert c["mr"] * c["nr"] // 16 <= MAX_ACCUMULATORS
     spill = space.index_of(
-        {"nr": 64, "mr": 12, "m_tiles": 0, "kc": 512, "unroll_k": 1, "order": "panel"}
+        {
+            "nr": 64,
+            "mr": 12,
+            "m_tiles": 0,
+            "kc": 512,
+            "unroll_k": 1,
+            "order": "panel",
+            "pack_a": False,
+        }
     )
     assert not dense.worth_measuring(shape, space.get(spill), AVX512)
     tiny = (1, 16, 2, 2, 16, 1, 1, 1, 0, 0)  # a 2x2 image has no room for 8 accumulators
@@ -291,7 +299,7 @@ def test_register_budget_follows_the_target_register_file() -> None:
     dense = template("dense")
     shape = (512, 512, 512)
     space = dense.config_space(shape)
-    base = {"m_tiles": 0, "kc": 512, "unroll_k": 1, "order": "panel"}
+    base = {"m_tiles": 0, "kc": 512, "unroll_k": 1, "order": "panel", "pack_a": False}
     six_by_16 = space.get(space.index_of({"nr": 16, "mr": 6, **base}))
     four_by_64 = space.get(space.index_of({"nr": 64, "mr": 4, **base}))
     assert dense.worth_measuring(shape, six_by_16, "x86_64-avx2")
@@ -314,17 +322,19 @@ def test_register_budget_follows_the_target_register_file() -> None:
 def test_dense_k_blocks_accumulate_into_c(shape: tuple[int, int, int]) -> None:
     dense = template("dense")
     space = dense.config_space(shape)
+    knobs = ("nr", "mr", "m_tiles", "kc", "unroll_k", "order", "pack_a")
     blocked = [
-        space.get(
-            space.index_of(
-                {"nr": nr, "mr": mr, "m_tiles": tiles, "kc": 128, "unroll_k": u, "order": o}
-            )
-        )
-        for nr, mr, tiles, u, o in (
-            (16, 4, 0, 1, "panel"),
-            (32, 6, 4, 2, "panel"),
-            (16, 5, 0, 8, "row"),
-            (32, 3, 2, 4, "row"),
+        space.get(space.index_of(dict(zip(knobs, values, strict=True))))
+        for values in (
+            (16, 4, 0, 128, 1, "panel", False),
+            (32, 6, 4, 128, 2, "panel", False),
+            (16, 5, 0, 128, 8, "row", False),
+            (32, 3, 2, 128, 4, "row", False),
+            # A packed per block ([row tile][k][mr]); 9 and 24 rows leave partial tiles/blocks
+            (16, 4, 0, 128, 1, "panel", True),
+            (32, 5, 2, 128, 2, "row", True),
+            (16, 6, 4, shape[2], 4, "panel", True),  # no k blocks: packed per row block
+            (16, 2, 0, shape[2], 1, "row", True),  # neither: all of A packed up front
         )
     ]
     for config, (ours, ref) in zip(
@@ -334,7 +344,15 @@ def test_dense_k_blocks_accumulate_into_c(shape: tuple[int, int, int]) -> None:
     small = (2, 16, 256)
     config = dense.config_space(small).get(
         dense.config_space(small).index_of(
-            {"nr": 16, "mr": 2, "m_tiles": 0, "kc": 128, "unroll_k": 2, "order": "row"}
+            {
+                "nr": 16,
+                "mr": 2,
+                "m_tiles": 0,
+                "kc": 128,
+                "unroll_k": 2,
+                "order": "row",
+                "pack_a": False,
+            }
         )
     )
     sch, args = dense.instantiate(small, config)
