@@ -96,13 +96,16 @@ def test_a_lease_kept_past_its_ttl_is_replaced_not_an_error(
         time.sleep(2.5)  # the kept lease expires (the tracker reaps it)
         with caplog.at_level(logging.INFO, logger="tuner.runner.pool"):
             again = runner.measure_entry(built.artifact, built.artifact.entries[0].symbol)
+            time.sleep(2.5)  # and again, before a batch (a tuner building its next candidates)
+            [batch] = runner.run([built.artifact])
     finally:
         runner.close()
     assert again.status is Status.OK, again.error
+    assert batch.status is Status.OK, batch.error
     assert again.device_id == kept  # the pool's only device, leased anew
     # an idle lease lapsing is expected: said at info, not warned about as a lost lease
     lapsed = [r for r in caplog.records if "lost" in r.getMessage()]
-    assert lapsed and all(r.levelno == logging.INFO for r in lapsed), caplog.text
+    assert len(lapsed) == 2 and all(r.levelno == logging.INFO for r in lapsed), caplog.text
 
 
 def test_unknown_key_gives_no_device_within_the_deadline(pool: LocalPool) -> None:

@@ -315,9 +315,11 @@ class PoolRunner:
         """Measure candidates from the queue on `lease` until it is empty or the device is lost;
         a lease still good at the end goes into `kept`."""
         current: tracker_pb2.Lease | None = lease
+        idle = True  # kept from an earlier batch: it may have lapsed while the caller built
         try:
             while True:
-                current = self._fresh(current)
+                current = self._fresh(current, idle)
+                idle = False
                 if current is None:
                     return  # the lease ended; run() acquires another if work is left
                 pos = batch.take()
