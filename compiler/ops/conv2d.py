@@ -438,17 +438,6 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
         )
         return with_epilogue([x, wt], conv, epilogue)
 
-    def schedule_output(self, st: Stage, config: Config) -> IterVar:
-        """Flat: loops n, oco, po | pi (unrolled), oci, or n, po, oco with oc_order "inner"."""
-        if len(st.axis) == 5:
-            return super().schedule_output(st, config)
-        b, oco, p, oci = st.axis
-        po, pi = st.split(p, int(config["reg_n"]))
-        outer = [b, oco, po] if config["oc_order"] == "outer" else [b, po, oco]
-        st.reorder(*outer, pi, oci)
-        st.unroll(pi)
-        return outer[-1]
-
     def schedule_accumulators(self, st: Stage, config: Config) -> None:
         """Loops rco, rci | pixels (unrolled), oci (vector) inside the output's tile."""
         if len(st.axis) == 4:
