@@ -61,7 +61,12 @@ def _raise_terminated(signum: int, frame: object) -> None:
 # Short names for templates whose registered names carry their layout.
 OP_ALIASES = {"conv2d": "conv2d_nchwc", "conv2d_1x1": "conv2d_1x1_nchwc"}
 TUNERS = ("xgb", "random")
-DEMO_MODEL_TRIALS = 256  # ResNet-18 in a few minutes on a 2-core machine
+# ResNet-18's warm-up round (8 trials for each of its 16 tasks), then one confirmation each: a
+# tile-4 Winograd candidate takes 6 s to lower and 7 s to compile on a 2-core Zen 3, and 256
+# trials with 4 confirmations ran past 25 minutes there; this took 5 min 13 s in all (make demo,
+# 2026-11-26), the tuned build at 1.36x onnxruntime.
+DEMO_MODEL_TRIALS = 128
+DEMO_CONFIRM = 1
 DEMO_SGEMM_TRIALS = 64
 
 
@@ -153,13 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--shape", type=_shape, default=(512, 512, 512), help="M,N,K for --sgemm")
     _add_tuning_args(demo, remote=False)
-    demo.set_defaults(trials=None, devices=1)
+    demo.set_defaults(trials=None, devices=1, confirm=DEMO_CONFIRM)
     for action in demo._actions:
         if action.dest == "trials":
             action.help = (
                 f"trial budget (default {DEMO_MODEL_TRIALS} for the model, "
                 f"{DEMO_SGEMM_TRIALS} with --sgemm)"
             )
+        if action.dest == "confirm":
+            action.help = f"re-measure the K fastest configs of each task (default {DEMO_CONFIRM})"
     return parser
 
 
