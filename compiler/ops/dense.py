@@ -8,6 +8,9 @@ tiles are grouped in blocks of `m_tiles` (BLIS' MC) so a block of A stays in L2 
 panel of B passes over it.
 When nr divides N the output is declared [M][N/nr][nr], the same bytes as [M][N], so packed
 columns index it without division; otherwise it is [M][N] and the panel index is n // nr.
+With `pack_a` each block of A is first copied into [row tile][k][mr] (BLIS' packed A), so the
+micro-kernel's broadcasts walk one stream; at K = 2048 the unpacked rows are 8 KB apart and
+share L1 sets (sgemm 2048 on Zen 3: 0.97x numpy packed against 0.93x, interleaved).
 """
 
 from __future__ import annotations
