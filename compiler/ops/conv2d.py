@@ -41,6 +41,10 @@ OC_ORDERS = ("outer", "inner")
 # reg_n consecutive pixels of the image taken as one axis, across row ends (any count fits).
 PIXEL_TILINGS = ("rows", "flat")
 CONV_MAX_TILE = 24  # accumulator vectors: a conv tile also keeps weight vectors live per tap
+# Flat pixel tiles: AVX-512's long ones, then every count from 16 down (AVX2's 12-accumulator
+# tiles are 6x2, 4x3 and 12x1 vectors). Largest first, so the first tile that fits the
+# registers (an untuned build's default) is the largest.
+FLAT_TILES = (28, 24, 20, *range(16, 0, -1))
 
 
 def conv_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -221,7 +225,7 @@ class Conv2dNCHWcTemplate(OpTemplate):
     @staticmethod
     def pixel_tiles(oh: int, ow: int) -> tuple[int, ...]:
         """reg_n's choices: the row tiles (powers of two and divisors of OW) and the flat ones."""
-        flat = (t for t in Conv2d1x1Template.FLAT_TILES if t <= oh * ow)
+        flat = (t for t in FLAT_TILES if t <= oh * ow)
         return tuple(sorted(set(tile_choices(ow, 32)) | set(flat)))
 
     @staticmethod
@@ -230,24 +234,31 @@ class Conv2dNCHWcTemplate(OpTemplate):
         return config is not None and config.get("pixels") == "flat"
 
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
-        geometry = self.geometry(shape)
-        oc, oh, ow = geometry[4], geometry[-2], geometry[-1]
-        regs = register_file(target)
         rows = int(config["oh_tile"]) if "oh_tile" in config else 1
-        vectors = ceil_div(int(config["oc_block"]), regs.lanes)
         if self.is_flat(config):
-            if rows != 1:
-                return False  # the flat tile has no rows: one config stands for all
-            most = min(oh * ow, 28) * min(ceil_div(oc, regs.lanes), 4)
-            # Beside the accumulators: one weight vector per vector of the block, one broadcast.
-            limit = min(CONV_MAX_TILE, regs.registers - vectors - 1)
-            return register_tile_fits(int(config["reg_n"]) * vectors, most, limit)
+            # the flat tile has no rows: one config stands for all
+            return rows == 1 and self.flat_tile_fits(shape, config, target)
+        geometry = self.geometry(shape)
+        oc, ow = geometry[4], geometry[-1]
+        regs = register_file(target)
+        vectors = ceil_div(int(config["oc_block"]), regs.lanes)
         if int(config["reg_n"]) not in tile_choices(ow, 32):
             return False  # a flat-only tile
         most = min(ow * rows, 28) * min(ceil_div(oc, regs.lanes), 4)
         # Measured on AVX-512: 28-vector conv tiles ran at half the speed of 14-vector ones.
         limit = min(CONV_MAX_TILE, regs.max_accumulators)
         return register_tile_fits(int(config["reg_n"]) * rows * vectors, most, limit)
+
+    def flat_tile_fits(self, shape: tuple[int, ...], config: Config, target: str) -> bool:
+        """Whether `config`'s flat tile of reg_n pixels x its block's vectors fits `target`'s
+        registers beside one weight vector per vector of the block and one broadcast."""
+        geometry = self.geometry(shape)
+        oc, oh, ow = geometry[4], geometry[-2], geometry[-1]
+        regs = register_file(target)
+        vectors = ceil_div(int(config["oc_block"]), regs.lanes)
+        most = min(oh * ow, 28) * min(ceil_div(oc, regs.lanes), 4)
+        limit = min(CONV_MAX_TILE, regs.registers - vectors - 1)
+        return register_tile_fits(int(config["reg_n"]) * vectors, most, limit)
 
     def blocks(self, shape: tuple[int, ...], config: Config | None) -> tuple[int, int]:
         """(ic_block, oc_block) of `config`, or of the default layout."""
@@ -383,10 +394,6 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
     """
 
     name = "conv2d_1x1_nchwc"
-    # Flat pixel tiles: AVX-512's long ones, then every count from 16 down (AVX2's
-    # 12-accumulator tiles are 6x2, 4x3 and 12x1 vectors). Largest first, so the first tile
-    # that fits the registers (an untuned build's default) is the largest.
-    FLAT_TILES = (28, 24, 20, *range(16, 0, -1))
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         geometry = conv_geometry(self.name, shape)
@@ -402,7 +409,7 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
         _, ic, _, _, oc, _, _, _, _, _, oh, ow = self.geometry(shape)
         blocks = [Knob("ic_block", channel_blocks(ic)), Knob("oc_block", channel_blocks(oc))]
         if self.flat(shape):
-            tiles = tuple(t for t in self.FLAT_TILES if t <= oh * ow)
+            tiles = tuple(t for t in FLAT_TILES if t <= oh * ow)
             return ConfigSpace([*blocks, Knob("reg_n", tiles), Knob("oc_order", OC_ORDERS)])
         return ConfigSpace(
             [
@@ -416,13 +423,7 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         if not self.flat(shape):
             return super().worth_measuring(shape, config, target)
-        _, _, _, _, oc, _, _, _, _, _, oh, ow = self.geometry(shape)
-        regs = register_file(target)
-        vectors = ceil_div(int(config["oc_block"]), regs.lanes)
-        most = min(oh * ow, 28) * min(ceil_div(oc, regs.lanes), 4)
-        # Beside the accumulators: one weight vector per vector of the block, one broadcast.
-        limit = min(CONV_MAX_TILE, regs.registers - vectors - 1)
-        return register_tile_fits(int(config["reg_n"]) * vectors, most, limit)
+        return self.flat_tile_fits(shape, config, target)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         if not self.flat(shape):
