@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,14 +184,8 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
     key = hashlib.sha256(
         "\0".join([source, _compiler_identity(tgt.compiler), *flags]).encode()
     ).hexdigest()
-    directory = cache_dir()
-    path = directory / f"{key}.so"
-    if path.exists():
-        return SharedObject(path.read_bytes(), path, cache_hit=True)
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
-        src, out = Path(tmp) / "module.c", Path(tmp) / "module.so"
-        src.write_text(source)
+
+    def build(src: Path, out: Path) -> None:
         cmd = [tgt.compiler, *flags, "-o", str(out), str(src)]
         _LOG.debug("compiling for %s: %s", tgt.name, " ".join(cmd))
         proc = _compile(cmd, tgt)
@@ -203,8 +198,27 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
             raise BuildError(
                 f"{tgt.compiler} failed for target {tgt.name} (exit {proc.returncode})", proc.stderr
             )
+
+    path, hit = _cached_build(key, "module.c", "so", source, build)
+    return SharedObject(path.read_bytes(), path, cache_hit=hit)
+
+
+def _cached_build(
+    key: str, source_name: str, suffix: str, source: str, build: Callable[[Path, Path], None]
+) -> tuple[Path, bool]:
+    """The cache entry `<key>.<suffix>` and whether it was there; if not, `build(src, out)`
+    makes it from `source` written to `source_name` in a scratch folder of the cache."""
+    directory = cache_dir()
+    path = directory / f"{key}.{suffix}"
+    if path.exists():
+        return path, True
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+        src, out = Path(tmp) / source_name, Path(tmp) / f"out.{suffix}"
+        src.write_text(source)
+        build(src, out)
         os.replace(out, path)  # atomic: another builder sees the whole file or none
-    return SharedObject(path.read_bytes(), path, cache_hit=False)
+    return path, False
 
 
 def find_nvcc() -> str | None:
@@ -232,21 +246,16 @@ def compile_cuda(source: str, arch: str = "sm_90", output: str = "cubin") -> byt
         raise BuildError("nvcc is not installed (looked on PATH and in /usr/local/cuda/bin)")
     flags = [f"-{output}", f"-arch={arch}", "-O3"]
     key = hashlib.sha256("\0".join([source, _compiler_identity(nvcc), *flags]).encode()).hexdigest()
-    directory = cache_dir()
-    path = directory / f"{key}.{output}"
-    if path.exists():
-        return path.read_bytes()
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
-        src, out = Path(tmp) / "kernel.cu", Path(tmp) / f"kernel.{output}"
-        src.write_text(source)
+
+    def build(src: Path, out: Path) -> None:
         try:
             proc = _run([nvcc, *flags, "-o", str(out), str(src)])
         except subprocess.TimeoutExpired as exc:
             raise BuildError(f"nvcc ran past {COMPILE_TIMEOUT_S:.0f} s") from exc
         if proc.returncode != 0:
             raise BuildError(f"nvcc failed for {arch} (exit {proc.returncode})", proc.stderr)
-        os.replace(out, path)
+
+    path, _ = _cached_build(key, "kernel.cu", output, source, build)
     return path.read_bytes()
 
 
