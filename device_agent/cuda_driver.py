@@ -20,21 +20,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ok = 0
+CUDA_SUCCESS = 0
 
 
 class CudaError(RuntimeError):
     """A driver or cuBLAS call failed; the message names the call and the error."""
 
 
-def _load(names: Sequence[str], what: str) -> ctypes.CDLL:
+def _load(
+    names: Sequence[str], what: str, before: Callable[[str], None] | None = None
+) -> ctypes.CDLL:
+    """The first of `names` that loads (after `before(name)`, if given)."""
     errors = []
     for name in names:
         try:
+            if before is not None:
+                before(name)
             return ctypes.CDLL(name)
         except OSError as e:
             errors.append(str(e))
     raise CudaError(f"cannot load {what}: " + "; ".join(errors or ["no candidate"]))
+
+
+def _preload_cublas_lt(cublas: str) -> None:
+    """cuBLAS needs cuBLASLt, which wheels ship beside it without an rpath to it: load the
+    one in the same folder first (nothing for a bare library name)."""
+    folder = os.path.dirname(cublas)
+    lts = sorted(glob.glob(os.path.join(folder, "libcublasLt.so*"))) if folder else []
+    if lts:
+        ctypes.CDLL(lts[0], mode=ctypes.RTLD_GLOBAL)
 
 
 @dataclass
@@ -213,7 +227,7 @@ class Gpu:
 
 
 def _check(lib: ctypes.CDLL, status: int, call: str) -> None:
-    if status == _ok:
+    if status == CUDA_SUCCESS:
         return
     name = ctypes.c_char_p()
     lib.cuGetErrorName(status, ctypes.byref(name))
@@ -225,15 +239,7 @@ class Cublas:
     """cuBLAS's single-precision GEMM on row-major arrays, in `gpu`'s context."""
 
     def __init__(self, gpu: Gpu) -> None:
-        candidates = _cublas_candidates()
-        for path in candidates:  # cuBLAS needs cuBLASLt beside it; wheels ship both in one folder
-            for lt in sorted(glob.glob(os.path.join(os.path.dirname(path), "libcublasLt.so*"))):
-                try:
-                    ctypes.CDLL(lt, mode=ctypes.RTLD_GLOBAL)
-                    break
-                except OSError:
-                    continue
-        self.lib = _load(candidates, "cuBLAS (libcublas)")
+        self.lib = _load(_cublas_candidates(), "cuBLAS (libcublas)", _preload_cublas_lt)
         self.handle = ctypes.c_void_p()
         status = self.lib.cublasCreate_v2(ctypes.byref(self.handle))
         if status:
