@@ -4,7 +4,6 @@ on a GPU is `test_cuda_gpu.py`."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,11 +17,18 @@ from compiler.ir import PrimFunc, interpreter
 from compiler.lower import lower
 from compiler.ops.cuda_gemm import GEMM_CONFIGS, GemmConfig, cuda_gemm
 from compiler.schedule import create_schedule
-from compiler.toolchain import compile_cuda
+from compiler.toolchain import compile_cuda, find_nvcc
 
-NVCC = shutil.which("nvcc") or (
-    "/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None
-)
+NVCC = find_nvcc()
+
+
+def _nvcc(source: str, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """nvcc run on `source` (written beside `out`) with `flags`, its output in `out`."""
+    assert NVCC is not None
+    src = out.with_suffix(".cu")
+    src.write_text(source)
+    cmd = [NVCC, *flags, "-o", str(out), str(src)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
 
 
 def shared_gemm(n: int = 64, tile: int = 16) -> tuple[PrimFunc, list[te.Tensor]]:
@@ -85,18 +91,9 @@ def test_parallel_loops_are_refused() -> None:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_nvcc_compiles_the_kernel_to_ptx(tmp_path: Path) -> None:
-    assert NVCC is not None
     func, _ = shared_gemm()
-    src = tmp_path / "gemm.cu"
-    src.write_text(render_cuda(func, "gemm").source)
     out = tmp_path / "gemm.ptx"
-    proc = subprocess.run(
-        [NVCC, "-ptx", "-arch=sm_90", "-o", str(out), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    proc = _nvcc(render_cuda(func, "gemm").source, out, "-ptx", "-arch=sm_90")
     assert proc.returncode == 0, proc.stderr
     ptx = out.read_text()
     assert ".visible .entry gemm(" in ptx and "bar.sync" in ptx and ".shared" in ptx
@@ -138,26 +135,8 @@ def test_nvcc_builds_every_benchmark_config_without_spilling(tmp_path: Path) -> 
         kernel = render_cuda(cuda_gemm(256, 256, 256, cfg), "gemm")
         cubin = compile_cuda(kernel.source, "sm_90")
         assert cubin[:4] == b"\x7fELF"
-        src = tmp_path / "k.cu"
-        src.write_text(kernel.source)
-        assert NVCC is not None
-        proc = subprocess.run(
-            [
-                NVCC,
-                "-cubin",
-                "-arch=sm_90",
-                "-O3",
-                "-Xptxas",
-                "-v",
-                "-o",
-                str(tmp_path / "k"),
-                str(src),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        args = ("-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v")
+        proc = _nvcc(kernel.source, tmp_path / "k.cubin", *args)
         assert proc.returncode == 0, proc.stderr
         assert "0 bytes spill stores" in proc.stderr, (cfg, proc.stderr)
 
