@@ -65,13 +65,21 @@ def pack_bias(b: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(b.reshape(-1, block))
 
 
-def pack_dense_weight(b: np.ndarray, nr: int) -> np.ndarray:
-    """B [K][N] -> [ceil(N/nr)][K][nr], the columns past N zero."""
+def pack_dense_weight(b: np.ndarray, nr: int, kc: int | None = None) -> np.ndarray:
+    """B [K][N] -> [ceil(N/nr)][K][nr], the columns past N zero.
+
+    With `kc` < K (blocks of K that divide it): [K/kc][ceil(N/nr)][kc][nr], so that one k
+    block's panels, which a row tile of A streams past in turn, are one contiguous run.
+    """
     k, n = b.shape
     blocks = ceil_div(n, nr)
     padded = np.zeros((k, blocks * nr), dtype=b.dtype)
     padded[:, :n] = b
-    return np.ascontiguousarray(padded.reshape(k, blocks, nr).transpose(1, 0, 2))
+    if kc is None or kc >= k:
+        return np.ascontiguousarray(padded.reshape(k, blocks, nr).transpose(1, 0, 2))
+    if k % kc:
+        raise ValueError(f"pack_dense_weight: k block {kc} does not divide K={k}")
+    return np.ascontiguousarray(padded.reshape(k // kc, kc, blocks, nr).transpose(0, 2, 1, 3))
 
 
 def compute_pack_nchwc(x: Tensor, block: int, name: str = "packed") -> Tensor:

@@ -253,6 +253,13 @@ def test_weight_packings_put_each_value_where_the_kernels_read_it() -> None:
     bp = layout.pack_dense_weight(b, 4)
     assert bp.shape == (2, 5, 4)
     assert bp[1, 3, 2] == b[3, 6] and bp[1, 3, 3] == 0.0  # the padded column is zero
+    # k blocks of 2: [K/kc][N/nr][kc][nr], one k block's panels contiguous
+    bk = layout.pack_dense_weight(b[:4], 4, kc=2)
+    assert bk.shape == (2, 2, 2, 4)
+    assert bk[1, 1, 0, 2] == b[2, 6] and bk[0, 1, 1, 1] == b[1, 5] and bk[1, 1, 1, 3] == 0.0
+    assert layout.pack_dense_weight(b, 4, kc=5).shape == (2, 5, 4)  # kc = K: no k blocks
+    with pytest.raises(ValueError, match="k block 2 does not divide K=5"):
+        layout.pack_dense_weight(b, 4, kc=2)
     with pytest.raises(ValueError, match="block 4 does not divide 6"):
         layout.pack_nchwc(x_of((1, 6, 2, 2)), 4)
     padded = layout.pad_spatial(x_of((1, 1, 2, 2)), 1, -np.inf)
