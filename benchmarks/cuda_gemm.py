@@ -103,11 +103,11 @@ def main() -> int:
             gpu.free(buf)
     print()
     print(
-        f"{'size':>6} {'config (bm,bn,rm,rn,kt)':>24} {'ours GFLOP/s':>13} {'cuBLAS':>9} {'ratio':>6}"
+        f"{'size':>6} {'config (bm,bn,rm,rn,kt,A)':>27} {'ours GFLOP/s':>13} {'cuBLAS':>9} {'ratio':>6}"
     )
     for n, cfg, ours_g, peer_g, ratio in rows:
-        tiles = f"{cfg.block_m},{cfg.block_n},{cfg.reg_m},{cfg.reg_n},{cfg.k_tile}"
-        print(f"{n:>6} {tiles:>24} {ours_g:>13,.0f} {peer_g:>9,.0f} {ratio:>6.2f}")
+        tiles = f"{cfg.block_m},{cfg.block_n},{cfg.reg_m},{cfg.reg_n},{cfg.k_tile},{cfg.a_layout}"
+        print(f"{n:>6} {tiles:>27} {ours_g:>13,.0f} {peer_g:>9,.0f} {ratio:>6.2f}")
     name = gpu.name().replace(" ", "_")
     blas.close()
     gpu.close()

@@ -11,7 +11,9 @@ gets two halves; iteration i reads half i % 2 while the copy for iteration i + 1
 One barrier per iteration separates the use of a half from its next fill on GPUs (the previous
 use of half (i + 1) % 2 was in iteration i - 1, before this iteration's barrier). The pass
 applies to Allocates marked double_buffer whose body is (fill, [barrier], use...) directly inside
-a serial loop with a constant extent; others stay single-buffered (correct, only slower).
+a serial loop with a constant extent, and to a nest of such Allocates (a GEMM's A and B tiles)
+whose body fills each of them in turn, (fill A, [barrier], fill B, [barrier], use...); others
+stay single-buffered (correct, only slower).
 """
 
 from __future__ import annotations
@@ -74,33 +76,114 @@ class _DoubleBuffer(StmtMutator):
             s.kind in (ForKind.SERIAL, ForKind.UNROLLED)
             and isinstance(s.extent, E.IntImm)
             and s.extent.value > 1
-            and isinstance(body, Allocate)
-            and body.double_buffer
-            and isinstance(body.body, Seq)
-            and len(body.body.stmts) >= 2
         ):
-            return _transform(s, body)
+            allocs = _marked_allocations(body)
+            parts = _fills_and_use(allocs) if allocs else None
+            if parts is not None:
+                return _transform(s, allocs, *parts)
         return s if body is s.body else dataclasses.replace(s, body=body)
 
 
-def _transform(loop: For, alloc: Allocate) -> Stmt:
-    assert isinstance(alloc.body, Seq) and isinstance(loop.extent, E.IntImm)
-    fill, rest = alloc.body.stmts[0], list(alloc.body.stmts[1:])
-    if rest and isinstance(rest[0], Barrier):
+def _marked_allocations(body: Stmt) -> list[Allocate]:
+    """The chain of nested Allocates marked double_buffer that `body` starts with."""
+    chain: list[Allocate] = []
+    while isinstance(body, Allocate) and body.double_buffer:
+        chain.append(body)
+        body = body.body
+    return chain
+
+
+class _Accesses(StmtMutator):
+    """Buffers a statement stores into and loads from."""
+
+    def __init__(self) -> None:
+        self.stored: set[Buffer] = set()
+        self.loaded: set[Buffer] = set()
+
+    def expr(self, e: E.Expr) -> E.Expr:
+        if isinstance(e, E.Load):
+            self.loaded.add(e.buffer)
+        for k in E.children(e):
+            self.expr(k)
+        return e
+
+    def visit_store(self, s: Store) -> Stmt:
+        self.stored.add(s.buffer)
+        self.expr(s.index)
+        self.expr(s.value)
+        return s
+
+    def visit_intrin(self, s: IntrinCall) -> Stmt:
+        self.stored.update(b for b, _, _ in s.operands)  # conservatively: an intrinsic may write
+        return s
+
+
+def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | None:
+    """(one fill per buffer in `allocs`' order of filling, the statements that use them), or
+    None when the innermost body is not fills then uses."""
+    inner = allocs[-1].body
+    if not isinstance(inner, Seq) or len(inner.stmts) < 2:
+        return None
+    stmts = list(inner.stmts)
+    if len(allocs) == 1:  # one buffer: its fill is the first statement
+        fills, rest = [stmts[0]], stmts[1:]
+    else:
+        buffers = {a.buffer for a in allocs}
+        fills, rest = [], []
+        for k, st in enumerate(stmts):
+            if len(fills) == len(allocs):
+                rest = stmts[k:]
+                break
+            if isinstance(st, Barrier):
+                continue
+            acc = _Accesses()
+            acc.visit(st)
+            filled = {a for f in fills for a in _stored(f)}
+            if (
+                len(acc.stored) != 1
+                or not acc.stored <= buffers
+                or acc.stored & filled
+                or acc.loaded & buffers
+            ):
+                return None
+            fills.append(st)
+        if len(fills) != len(allocs) or not rest:
+            return None
+    while rest and isinstance(rest[0], Barrier):
         rest = rest[1:]
     if rest and isinstance(rest[-1], Barrier):
         rest = rest[:-1]
-    old = alloc.buffer
-    size = old.size
-    new = Buffer(old.name, (2 * size,), old.dtype, old.scope)
+    return fills, rest
+
+
+def _stored(st: Stmt) -> set[Buffer]:
+    acc = _Accesses()
+    acc.visit(st)
+    return acc.stored
+
+
+def _transform(loop: For, allocs: list[Allocate], fills: list[Stmt], rest: list[Stmt]) -> Stmt:
+    assert isinstance(loop.extent, E.IntImm)
     i, n = loop.var, loop.extent.value
-    half_now = E.FloorMod(i, E.IntImm(2)) * size
-    half_next = E.FloorMod(i + 1, E.IntImm(2)) * size
-    prologue = _Retarget(old, new, E.IntImm(0)).visit(substitute_stmt(fill, {i: E.IntImm(0)}))
-    prefetch = _Retarget(old, new, half_next).visit(substitute_stmt(fill, {i: i + 1}))
-    use = _Retarget(old, new, half_now).visit(seq(*rest))
+    prologue, prefetch, use = seq(*fills), seq(*fills), seq(*rest)
+    prologue = substitute_stmt(prologue, {i: E.IntImm(0)})
+    prefetch = substitute_stmt(prefetch, {i: i + 1})
+    doubled = []
+    for alloc in allocs:
+        old = alloc.buffer
+        size = old.size
+        new = Buffer(old.name, (2 * size,), old.dtype, old.scope)
+        half_now = E.FloorMod(i, E.IntImm(2)) * size
+        half_next = E.FloorMod(i + 1, E.IntImm(2)) * size
+        prologue = _Retarget(old, new, E.IntImm(0)).visit(prologue)
+        prefetch = _Retarget(old, new, half_next).visit(prefetch)
+        use = _Retarget(old, new, half_now).visit(use)
+        doubled.append(new)
     body = seq(Barrier(), IfThenElse(E.LT(i + 1, E.IntImm(n)), prefetch), use)
-    return Allocate(new, seq(prologue, dataclasses.replace(loop, body=body)))
+    out: Stmt = seq(prologue, dataclasses.replace(loop, body=body))
+    for new in reversed(doubled):
+        out = Allocate(new, out)
+    return out
 
 
 def double_buffer(func: PrimFunc) -> PrimFunc:

@@ -120,11 +120,38 @@ def test_register_tiled_gemm_shares_block_tiles_and_is_correct_in_the_interprete
     assert "float C_local[16];" in kernel.source
 
 
+@pytest.mark.parametrize("a_layout", ["mk", "km"])
+def test_double_buffered_gemm_doubles_both_tiles_and_is_correct_in_the_interpreter(
+    a_layout: str,
+) -> None:
+    # A's and B's shared tiles are two nested allocations filled in turn: both get two halves,
+    # the next k tile is fetched while this one is read, one barrier a k tile
+    cfg = GemmConfig(16, 16, 4, 4, 4, a_layout=a_layout, double_buffer=True)
+    func = cuda_gemm(32, 32, 16, cfg)
+    text = str(func)
+    a_tile = "A.shared" if a_layout == "mk" else "A_T"
+    a_tile += " = allocate(float32[128], shared)"
+    assert a_tile in text and "B.shared = allocate(float32[128], shared)" in text
+    assert "if (k_o + 1) < 4:" in text
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((32, 16), dtype=np.float32)
+    b = rng.standard_normal((16, 32), dtype=np.float32)
+    c = np.full((32, 32), np.nan, np.float32)
+    interpreter.run(func, a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    source = render_cuda(func, "gemm").source
+    assert source.count("__syncthreads()") == 1  # in the k loop; single-buffered it has three
+    if a_layout == "km":  # A's tile is [k][m]: a thread's 4 rows of one k are contiguous
+        assert "float A_T[128];" in source and "A_T[(((k_i * 16) + (i_i_o * 4))" in source
+
+
 def test_cuda_gemm_config_errors_name_the_size() -> None:
     with pytest.raises(ScheduleError, match="M=30 is not a multiple of 64"):
         cuda_gemm(30, 64, 64)
     with pytest.raises(ScheduleError, match="block_n=64 is not a multiple of 3"):
         cuda_gemm(64, 64, 64, GemmConfig(reg_n=3))
+    with pytest.raises(ScheduleError, match="a_layout is mk or km, got 'nk'"):
+        cuda_gemm(64, 64, 64, GemmConfig(a_layout="nk"))
     with pytest.raises(ScheduleError, match="2048 threads a block"):
         cuda_gemm(256, 256, 64, GemmConfig(block_m=256, block_n=128, reg_m=4, reg_n=4))
 
