@@ -99,6 +99,15 @@ def test_nvcc_compiles_the_kernel_to_ptx(tmp_path: Path) -> None:
     assert ".visible .entry gemm(" in ptx and "bar.sync" in ptx and ".shared" in ptx
 
 
+def _matches_numpy_in_the_interpreter(func: PrimFunc, m: int, n: int, k: int) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    interpreter.run(func, a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
 def test_register_tiled_gemm_shares_block_tiles_and_is_correct_in_the_interpreter() -> None:
     # 4x4 threads a block, each with a 4x4 register tile; two blocks each way
     cfg = GemmConfig(block_m=16, block_n=16, reg_m=4, reg_n=4, k_tile=4)
@@ -109,12 +118,7 @@ def test_register_tiled_gemm_shares_block_tiles_and_is_correct_in_the_interprete
     # computed inside the register tile's stage, which is inside the thread loops
     assert "A.shared = allocate(float32[16, 4], shared)" in text
     assert "B.shared = allocate(float32[4, 16], shared)" in text
-    rng = np.random.default_rng(1)
-    a = rng.standard_normal((32, 8), dtype=np.float32)
-    b = rng.standard_normal((8, 32), dtype=np.float32)
-    c = np.full((32, 32), np.nan, np.float32)
-    interpreter.run(func, a, b, c)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    _matches_numpy_in_the_interpreter(func, 32, 32, 8)
     kernel = render_cuda(func, "gemm")
     assert (kernel.grid, kernel.block) == ((2, 2, 1), (4, 4, 1))
     assert "float C_local[16];" in kernel.source
@@ -133,12 +137,7 @@ def test_double_buffered_gemm_doubles_both_tiles_and_is_correct_in_the_interpret
     a_tile += " = allocate(float32[128], shared)"
     assert a_tile in text and "B.shared = allocate(float32[128], shared)" in text
     assert "if (k_o + 1) < 4:" in text
-    rng = np.random.default_rng(2)
-    a = rng.standard_normal((32, 16), dtype=np.float32)
-    b = rng.standard_normal((16, 32), dtype=np.float32)
-    c = np.full((32, 32), np.nan, np.float32)
-    interpreter.run(func, a, b, c)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    _matches_numpy_in_the_interpreter(func, 32, 32, 16)
     source = render_cuda(func, "gemm").source
     assert source.count("__syncthreads()") == 1  # in the k loop; single-buffered it has three
     if a_layout == "km":  # A's tile is [k][m]: a thread's 4 rows of one k are contiguous
