@@ -129,6 +129,7 @@ def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | No
         fills, rest = [stmts[0]], stmts[1:]
     else:
         buffers = {a.buffer for a in allocs}
+        filled: set[Buffer] = set()
         fills, rest = [], []
         for k, st in enumerate(stmts):
             if len(fills) == len(allocs):
@@ -138,7 +139,6 @@ def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | No
                 continue
             acc = _Accesses()
             acc.visit(st)
-            filled = {a for f in fills for a in _stored(f)}
             if (
                 len(acc.stored) != 1
                 or not acc.stored <= buffers
@@ -146,6 +146,7 @@ def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | No
                 or acc.loaded & buffers
             ):
                 return None
+            filled |= acc.stored
             fills.append(st)
         if len(fills) != len(allocs) or not rest:
             return None
@@ -154,12 +155,6 @@ def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | No
     if rest and isinstance(rest[-1], Barrier):
         rest = rest[:-1]
     return fills, rest
-
-
-def _stored(st: Stmt) -> set[Buffer]:
-    acc = _Accesses()
-    acc.visit(st)
-    return acc.stored
 
 
 def _transform(loop: For, allocs: list[Allocate], fills: list[Stmt], rest: list[Stmt]) -> Stmt:
