@@ -74,9 +74,9 @@ def check_gemm_config(m: int, n: int, k: int, cfg: GemmConfig) -> None:
     ):
         if tile <= 0 or size % tile:
             raise ScheduleError(f"cuda gemm: {what}={size} is not a multiple of {tile}")
-    tx, ty = cfg.threads
     if cfg.a_layout not in ("mk", "km"):
         raise ScheduleError(f"cuda gemm: a_layout is mk or km, got {cfg.a_layout!r}")
+    tx, ty = cfg.threads
     if tx * ty > 1024:
         raise ScheduleError(f"cuda gemm: {tx * ty} threads a block, more than CUDA's 1024")
 
