@@ -19,15 +19,13 @@ import argparse
 import ipaddress
 import logging
 import os
-import signal
 import sys
 import tempfile
-import threading
-from types import FrameType
 
 from device_agent.config import DEFAULT_CACHE_DIR, AgentConfig
 from device_agent.server import create_server
 from protos.auth import SecretsError, TlsFiles, load_secrets
+from protos.daemon import StopSignals
 
 _LOG = logging.getLogger("device_agent")
 
@@ -190,27 +188,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if config.secrets is None:
         _LOG.warning("no --token-file: running open (dev mode), leases are not checked")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        _LOG.info("received %s; stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        server, port, _ = create_server(args.listen, config)
-    except (ValueError, RuntimeError, OSError, SecretsError) as e:
-        _LOG.error("cannot start the agent: %s", e)
-        return 1
-    try:
-        if args.ready_file:
-            _write_atomic(args.ready_file, f"{args.advertise_host}:{port}\n")
-        # Wake up now and then: a signal handler runs only between bytecodes of the main thread.
-        while not stop.wait(timeout=1.0):
-            pass
-    finally:
-        server.stop()
+    # Installed before starting: a signal while the agent starts stops it as soon as it serves.
+    with StopSignals(_LOG, "stopping") as signals:
+        try:
+            server, port, _ = create_server(args.listen, config)
+        except (ValueError, RuntimeError, OSError, SecretsError) as e:
+            _LOG.error("cannot start the agent: %s", e)
+            return 1
+        try:
+            if args.ready_file:
+                _write_atomic(args.ready_file, f"{args.advertise_host}:{port}\n")
+            signals.wait()
+        finally:
+            server.stop()
     return 0
 
 

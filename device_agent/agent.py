@@ -91,7 +91,9 @@ class Agent:
         self._leases: LeaseVerifier = lease_verifier or _default_leases(config)
         self._quarantine = Quarantine(config.quarantine_after)
         self._telemetry = TelemetryReader()
-        tags = {"arch": platform.machine(), **self.backend.device_tags(), **config.tags}
+        # The backend's tags override the host's (qemu's guest arch), the user's override both.
+        host = {"arch": platform.machine(), "backend": self.backend.name}
+        tags = {**host, **self.backend.device_tags(), **config.tags}
         self.devices = tuple(
             DeviceSpec(f"{self.agent_id}/{i}", config.key, dict(tags), address, self.backend.name)
             for i in range(config.devices)

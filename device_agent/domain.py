@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+# Shared with the tuner, so it lives in protos; re-exported here for the rest of the agent.
+from protos.evaluator import EvaluatorConfig as EvaluatorConfig
+
 
 class Status(enum.Enum):
     """Outcome of a measurement or run; names match `kiln.v1.Status`."""
@@ -66,19 +69,6 @@ class ArtifactMeta:
     def entry(self, symbol: str) -> EntryPoint | None:
         """The entry point named `symbol`, or None."""
         return next((e for e in self.entries if e.symbol == symbol), None)
-
-
-@dataclass(frozen=True)
-class EvaluatorConfig:
-    """How to time one entry; zero `number`/`repeat` mean 1, zero `timeout_s` the agent default."""
-
-    warmup: int = 0
-    number: int = 1
-    repeat: int = 1
-    min_repeat_ms: float = 0.0
-    cooldown_ms: float = 0.0
-    flush_cache_bytes: int = 0
-    timeout_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,11 @@ import argparse
 import ipaddress
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from protos.auth import PoolSecrets, Role, SecretsError, TlsFiles, load_secrets, write_secrets
+from protos.daemon import StopSignals
 from tracker.config import TrackerConfig
 from tracker.errors import UnknownStore
 from tracker.server import create_server
@@ -133,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not is_store_name(args.store):
         parser.error(
-            f"--store {args.store!r} is not available; use memory, redis://host:port/db "
+            f"--store {args.store!r} is not available; use memory, redis[s]://host:port/db "
             "or redis+unix:///path"
         )
     host = args.listen.rsplit(":", 1)[0]
@@ -166,22 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if secrets is not None and not tls.enabled and not is_loopback(host):
         _LOG.warning("tokens travel in plaintext to %s: pass --tls-cert/--tls-key", args.listen)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        _LOG.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    if args.ready_file:
-        extra = [tracker.metrics_url] if tracker.metrics_url else []
-        write_ready_file(args.ready_file, tracker.address, *extra)
-    _LOG.info("ready at %s", tracker.address)
-    # Wait in slices: the signal handler runs between slices even if a wake-up were lost.
-    while not stop.wait(0.5):
-        pass
-    tracker.stop(_SHUTDOWN_GRACE_S)
+    with StopSignals(_LOG, "shutting down") as signals:
+        if args.ready_file:
+            extra = [tracker.metrics_url] if tracker.metrics_url else []
+            write_ready_file(args.ready_file, tracker.address, *extra)
+        _LOG.info("ready at %s", tracker.address)
+        signals.wait()
+        tracker.stop(_SHUTDOWN_GRACE_S)
     _LOG.info("stopped")
     return 0
 

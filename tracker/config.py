@@ -7,6 +7,8 @@ import dataclasses
 # gRPC's default receive limit. Tracker messages are small; the cap stops a bad client from making
 # the server buffer a huge Register.
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Fields for which 0 means "off" rather than a bad value.
+_MAY_BE_ZERO = frozenset({"startup_grace_s"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,17 +31,26 @@ class TrackerConfig:
     """gRPC thread pool size; each waiting Acquire holds one thread."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     store: str = "memory"
-    """Store: "memory", "redis://host:port/db[?prefix=P]" or "redis+unix:///path[?db=N&prefix=P]"."""
+    """Store: "memory" or a Redis URL (redis://, rediss://, redis+unix://; see tracker.store)."""
     lost_device_retention_s: float = 3600.0
     """A device LOST (agent silent) for longer than this is forgotten by the expiry sweep."""
     queued_request_ttl_s: float = 5.0
     """A queued Acquire in the store lives this long unless its tracker refreshes it (every reap),
     so the entries of a dead tracker stop blocking the queue unless a client re-attaches."""
+    startup_grace_s: float = 10.0
+    """For this long after the tracker starts, an Acquire whose selector no registered device
+    matches waits (to its deadline, or to the end of the grace) instead of failing at once: a
+    restarted tracker over the memory store knows no device until its agents register again, which
+    takes them up to one heartbeat interval plus their re-register backoff (5 s cap). 0 = fail
+    fast from the start (tests, or a redis store that kept the registrations)."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, int | float) and value <= 0:
+            if field.name in _MAY_BE_ZERO:
+                if value < 0:
+                    raise ValueError(f"TrackerConfig.{field.name} must be >= 0, got {value!r}")
+            elif isinstance(value, int | float) and value <= 0:
                 raise ValueError(f"TrackerConfig.{field.name} must be > 0, got {value!r}")
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ValueError(

@@ -7,6 +7,13 @@ the pool dispatches: it offers free devices to its waiters in queue order and wa
 one condition variable. The store makes every grant respect the whole queue, so a waiter on one
 replica never overtakes an earlier one on another.
 
+A request that no registered device could ever serve (no device with its key and tags, in any
+state) is answered NO_DEVICE at once instead of waiting out its timeout: the client made a typo
+or asks for hardware the pool does not have. Busy and LOST devices are known, so a request for
+them waits: LOST devices usually come back when their agent registers again under its old id.
+For config.startup_grace_s after the pool starts, unknown selectors wait too (until the grace
+ends), since a restarted tracker's agents have not registered again yet.
+
 Queued requests survive a restart: a waiting request is in the store with its ticket (priority and
 place), refreshed on every reap while its call is alive. An Acquire that carries the request_id of
 a still-queued request (the client retrying after the tracker went away) takes over that place.
@@ -58,6 +65,14 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _wanted(request: LeaseRequest) -> str:
+    return f"key={request.key!r} tags={dict(request.tag_selector)!r}"
+
+
+def _no_registered(request: LeaseRequest) -> str:
+    return f"no registered device matches {_wanted(request)}"
+
+
 class DevicePool:
     """Thread-safe front of a TrackerStore with a priority wait queue for Acquire."""
 
@@ -73,7 +88,8 @@ class DevicePool:
 
         Args:
             clock: seconds since the epoch; lease expiry and heartbeat age use it. Acquire waits
-                use time.monotonic, since a condition variable waits in real time anyway.
+                and the startup grace use time.monotonic, since a condition variable waits in
+                real time anyway.
             issue_token: signs lease tokens; pass `tokens.hmac_issuer(lease_key)` for a pool
                 whose agents verify them. None = `tokens.ephemeral_issuer()` (nobody can verify).
         """
@@ -85,6 +101,7 @@ class DevicePool:
         self._cond = threading.Condition()
         self._queue = WaitQueue()
         self._closed = False
+        self._grace_ends = time.monotonic() + config.startup_grace_s
         store.watch(self._on_store_change)
 
     def register(self, agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]) -> float:
@@ -121,6 +138,11 @@ class DevicePool:
     ) -> AcquireResult:
         """Wait for a matching device, queued behind higher-priority and earlier requests.
 
+        A request that no registered device matches (none with its key and tags, LOST ones
+        included) is answered NO_DEVICE at once, "no registered device matches key=... tags=...",
+        without queuing; during the startup grace it waits instead, until the grace ends. Matching
+        devices that are all busy or LOST make it wait until its deadline.
+
         A request with a request_id that is still queued (this or an earlier tracker process
         queued it) takes over that place; a local call still waiting with that id is answered
         NO_DEVICE with REASON_SUPERSEDED. A call cut short by close() leaves its entry queued,
@@ -154,6 +176,14 @@ class DevicePool:
                 return self._granted(lease)
             if wait_s <= 0:
                 return AcquireResult(None, self._no_device(request))
+        # Past the grace, a selector nobody registered fails now; within it, it is checked again
+        # when the grace ends, as if the request had arrived then.
+        recheck_at: float | None = self._grace_ends
+        if time.monotonic() >= self._grace_ends:
+            recheck_at = None
+            unregistered = self._unregistered(request)
+            if unregistered:
+                return AcquireResult(None, unregistered)
         if not request.request_id:
             request = dataclasses.replace(request, request_id=_new_id())
         waiter = self._enqueue(request)
@@ -161,10 +191,19 @@ class DevicePool:
             return AcquireResult(None, REASON_SHUTTING_DOWN)
         with self._cond:
             while waiter.lease is None and not self._closed and not waiter.superseded:
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = deadline - now
                 if remaining <= 0 or (cancelled is not None and cancelled.is_set()):
                     break
-                self._cond.wait(min(remaining, _CANCEL_POLL_S))
+                if recheck_at is not None and now >= recheck_at:
+                    recheck_at = None
+                    if self._still_unregistered(request):
+                        break  # answered below with the reason, like a wait that timed out
+                    continue
+                step = min(remaining, _CANCEL_POLL_S)
+                if recheck_at is not None:
+                    step = min(step, recheck_at - now)
+                self._cond.wait(step)
             self._queue.remove(waiter)
             lease, closed, superseded = waiter.lease, self._closed, waiter.superseded
         if lease is None and not closed and not superseded:
@@ -339,10 +378,27 @@ class DevicePool:
         live = sum(1 for r in matching if r.state is not DeviceState.LOST)
         if live:
             return f"all {live} matching devices busy"
-        wanted = f"key={request.key!r} tags={dict(request.tag_selector)!r}"
         if matching:
-            return f"no live device matches {wanted}: all {len(matching)} matching devices lost"
-        return f"no registered device matches {wanted}"
+            return (
+                f"no live device matches {_wanted(request)}: "
+                f"all {len(matching)} matching devices lost"
+            )
+        return _no_registered(request)
+
+    def _unregistered(self, request: LeaseRequest) -> str:
+        """The NO_DEVICE reason when no known device (in any state) matches `request`, else ""."""
+        if any(request.matches(record.spec) for record in self._store.devices(request.key)):
+            return ""
+        return _no_registered(request)
+
+    def _still_unregistered(self, request: LeaseRequest) -> bool:
+        """Whether a waiter's selector is still unknown. A store that cannot answer counts as
+        known (keep waiting): raising here would leave the waiter behind in the local queue."""
+        try:
+            return bool(self._unregistered(request))
+        except StoreUnavailable as error:
+            _LOG.warning("could not check registrations for %s: %s", request.request_id, error)
+            return False
 
     def queue_depths(self) -> dict[str, int]:
         """Queued Acquire requests of every replica per requested key ("" = any key / tags only)."""

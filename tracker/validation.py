@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tracker.errors import InvalidArgument
 from tracker.model import DeviceSpec, LeaseRequest, Registration
+
+# Tags live in the store and in every ListDevices answer, and selectors in the queue, so they are
+# bounded far below the message limit. An agent's own tags are a few dozen characters; the longest
+# (features: a CPU's code-generation ISA flags) a few hundred.
+MAX_TAGS = 64
+MAX_TAG_NAME_CHARS = 64
+MAX_TAG_VALUE_CHARS = 1024
 
 
 def registration(agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]) -> Registration:
@@ -17,7 +24,8 @@ def registration(agent_id: str, agent_address: str, devices: Sequence[DeviceSpec
     the request's.
 
     Raises:
-        InvalidArgument: empty agent_id, a device without key, or a duplicated device_id.
+        InvalidArgument: empty agent_id, a device without key, a duplicated device_id, or tags
+            past the bounds (see `tags`).
     """
     if not agent_id:
         raise InvalidArgument("agent_id must not be empty")
@@ -26,6 +34,7 @@ def registration(agent_id: str, agent_address: str, devices: Sequence[DeviceSpec
     for index, spec in enumerate(devices):
         if not spec.key:
             raise InvalidArgument(f"devices[{index}].key must not be empty")
+        tags(f"devices[{index}].tags", spec.tags)
         device_id = spec.device_id or f"{agent_id}/{index}"
         if device_id in seen:
             raise InvalidArgument(
@@ -40,6 +49,23 @@ def registration(agent_id: str, agent_address: str, devices: Sequence[DeviceSpec
     return Registration(agent_id, agent_address, tuple(filled))
 
 
+def tags(field: str, values: Mapping[str, str]) -> None:
+    """Raise InvalidArgument (naming `field`) for more than MAX_TAGS tags, an empty or overlong
+    name, or an overlong value."""
+    if len(values) > MAX_TAGS:
+        raise InvalidArgument(f"{field} must have at most {MAX_TAGS} tags, got {len(values)}")
+    for name, value in values.items():
+        if not name or len(name) > MAX_TAG_NAME_CHARS:
+            raise InvalidArgument(
+                f"{field} names must be 1 to {MAX_TAG_NAME_CHARS} characters, got {name[:80]!r}"
+            )
+        if len(value) > MAX_TAG_VALUE_CHARS:
+            raise InvalidArgument(
+                f"{field}[{name!r}] must be at most {MAX_TAG_VALUE_CHARS} characters, "
+                f"got {len(value)}"
+            )
+
+
 def non_negative_seconds(name: str, value: float) -> None:
     """Raise InvalidArgument unless `value` is a finite number >= 0."""
     if not math.isfinite(value) or value < 0:
@@ -47,9 +73,11 @@ def non_negative_seconds(name: str, value: float) -> None:
 
 
 def lease_request(request: LeaseRequest) -> None:
-    """Raise InvalidArgument for a negative or non-finite timeout_s or lease_ttl_s."""
+    """Raise InvalidArgument for a negative or non-finite timeout_s or lease_ttl_s, or a
+    tag_selector past the bounds of `tags`."""
     non_negative_seconds("timeout_s", request.timeout_s)
     non_negative_seconds("lease_ttl_s", request.lease_ttl_s)
+    tags("tag_selector", request.tag_selector)
 
 
 def lease_id(value: str) -> None:

@@ -3,17 +3,32 @@
 A backend's `execute` runs inside the executor child when `sandboxed` is true (anything that runs
 native code), else in the agent process (`null`). A failed job is a `JobResult` with a status, never an
 exception out of `execute`.
+
+A correctness check runs the reference once per (reference, seed, input specs): a tuning run checks
+every candidate of a task against one reference on one seed, and the executor child lives across
+those jobs, so a native backend keeps the reference's outputs (`ReferenceOutputs`) and compares each
+candidate's fresh outputs with them.
 """
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from device_agent.arrays import inputs_of, make_args, outputs_of
-from device_agent.domain import EntryPoint, EvaluatorConfig, Status, Telemetry
+from device_agent.domain import (
+    ArgRole,
+    EntryPoint,
+    EvaluatorConfig,
+    Status,
+    Telemetry,
+    TensorSpec,
+)
 from device_agent.jobs import RUN, Job, JobResult, ReferenceCheck
 
 
@@ -38,7 +53,9 @@ class Backend(ABC):
     emulated: ClassVar[bool] = False
 
     def device_tags(self) -> dict[str, str]:
-        """Tags this backend adds to each device (the agent adds arch and the user's tags)."""
+        """Tags this backend adds to each device: what a workstation needs to pick the compile
+        target ("features", "cpu"). The agent adds "arch" and "backend" (which these override)
+        and the user's tags (which override these)."""
         return {}
 
     def telemetry(self, host: Telemetry) -> Telemetry:
@@ -58,8 +75,82 @@ class Backend(ABC):
         """Run or measure `job`; failures are results."""
 
 
+# Bytes of reference outputs a native backend keeps. One task's reference output is a few MiB at
+# most (sgemm 1024: 4 MiB, ResNet-18's largest activation 3.2 MB), so this holds the references of
+# the tasks a tuning run interleaves, while a board's executor child (whose address space the agent
+# caps) stays small; a miss costs only one run of a reference.
+REFERENCE_CACHE_BYTES = 64 * 1024 * 1024
+
+# (reference artifact path, reference symbol, seed, the candidate's INPUT (shape, dtype)s): the
+# inputs are a function of the seed and those specs (see `arrays`), and an artifact's path names its
+# hash, so equal keys mean equal reference outputs.
+ReferenceKey = tuple[str, str, int, tuple[tuple[tuple[int, ...], str], ...]]
+
+
+def reference_key(path: str, symbol: str, seed: int, specs: Sequence[TensorSpec]) -> ReferenceKey:
+    """The key of the reference outputs of `symbol` in the artifact at `path` on the inputs that
+    `seed` makes for a candidate with arg `specs`."""
+    inputs = tuple(
+        (tuple(int(d) for d in s.shape), str(s.dtype)) for s in specs if s.role is ArgRole.INPUT
+    )
+    return (path, symbol, seed, inputs)
+
+
+class ReferenceOutputs:
+    """A least-recently-used store of reference outputs, bounded by their total bytes.
+
+    MUST hold: `total_bytes <= max_bytes` after every `put`; an entry larger than `max_bytes` is
+    not kept; stored arrays are read-only, so no caller can change what a later check compares with.
+    """
+
+    def __init__(self, max_bytes: int = REFERENCE_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.total_bytes = 0
+        self._entries: OrderedDict[ReferenceKey, tuple[np.ndarray, ...]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: ReferenceKey) -> tuple[np.ndarray, ...] | None:
+        """The outputs stored under `key` (now the most recently used), or None."""
+        outputs = self._entries.get(key)
+        if outputs is not None:
+            self._entries.move_to_end(key)
+        return outputs
+
+    def put(self, key: ReferenceKey, outputs: Sequence[np.ndarray]) -> None:
+        """Keep `outputs` under `key`, evicting the least recently used to stay in bounds."""
+        size = sum(a.nbytes for a in outputs)
+        if key in self._entries:
+            self.total_bytes -= sum(a.nbytes for a in self._entries.pop(key))
+        if size > self.max_bytes:
+            return
+        frozen = []
+        for array in outputs:
+            array = np.array(array, copy=True)
+            array.flags.writeable = False
+            frozen.append(array)
+        self._entries[key] = tuple(frozen)
+        self.total_bytes += size
+        while self.total_bytes > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.total_bytes -= sum(a.nbytes for a in evicted)
+
+
 class NativeBackend(Backend):
-    """A backend whose artifacts expose the packed C ABI of common.proto: load, call, time."""
+    """A backend whose artifacts expose the packed C ABI of common.proto: load, call, time.
+
+    One instance serves one executor child for its life; `reference_outputs` outlives jobs.
+    """
+
+    @functools.cached_property
+    def reference_outputs(self) -> ReferenceOutputs:
+        """This backend's stored reference outputs (made on first use, so a subclass's
+        `__init__` need not call this one's)."""
+        return ReferenceOutputs()
 
     @abstractmethod
     def load(self, path: str) -> Any:
@@ -99,11 +190,9 @@ class NativeBackend(Backend):
 
     def _check(self, module: Any, job: Job, check: ReferenceCheck) -> None:
         got = _args(job.entry, job.seed)
-        # The reference gets the same seeded inputs, made afresh: the entry may write to its own.
-        ref = _args(check.entry, job.seed, inputs_of(job.entry.args, _args(job.entry, job.seed)))
+        ref_out = self._reference(job, check, got)
         self._call_ok(module, job.entry.symbol, got)
-        self._call_ok(self.load(check.path), check.entry.symbol, ref)
-        got_out, ref_out = outputs_of(job.entry.args, got), outputs_of(check.entry.args, ref)
+        got_out = outputs_of(job.entry.args, got)
         if len(got_out) != len(ref_out):
             raise JobFailed(
                 Status.WRONG_ANSWER, f"{len(got_out)} outputs, the reference has {len(ref_out)}"
@@ -120,6 +209,23 @@ class NativeBackend(Backend):
                     f"output {index} differs from the reference: max abs error {err:.6g} "
                     f"(rtol={check.rtol:g}, atol={check.atol:g})",
                 )
+
+    def _reference(
+        self, job: Job, check: ReferenceCheck, got: list[np.ndarray]
+    ) -> Sequence[np.ndarray]:
+        """The reference's outputs on `got`'s inputs (before the candidate runs on them): stored
+        ones when this child has run that reference on those inputs before."""
+        key = reference_key(check.path, check.entry.symbol, job.seed, job.entry.args)
+        stored = self.reference_outputs.get(key)
+        if stored is not None:
+            return stored
+        # Copies of the candidate's inputs (make_args copies what it is given): either entry may
+        # write to its own.
+        ref = _args(check.entry, job.seed, inputs_of(job.entry.args, got))
+        self._call_ok(self.load(check.path), check.entry.symbol, ref)
+        outputs = outputs_of(check.entry.args, ref)
+        self.reference_outputs.put(key, outputs)
+        return outputs
 
 
 def _args(

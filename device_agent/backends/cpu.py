@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from device_agent import abi
+from device_agent import abi, hostinfo
 from device_agent.backends.base import JobFailed, NativeBackend
 from device_agent.domain import EntryPoint, EvaluatorConfig, Status
 
@@ -22,6 +22,10 @@ class CpuBackend(NativeBackend):
     def __init__(self) -> None:
         # An artifact is immutable (named by its hash), so a handle stays valid for the child's life.
         self._libs: dict[str, ctypes.CDLL] = {}
+
+    def device_tags(self) -> dict[str, str]:
+        """The host CPU's code-generation features and model (see hostinfo)."""
+        return hostinfo.cpu_tags()
 
     def load(self, path: str) -> ctypes.CDLL:
         """The shared object at `path`, loaded once per child."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,9 +16,14 @@ from pathlib import Path
 import grpc
 import pytest
 
+from device_agent import hostinfo
 from device_agent.config import AgentConfig
 from device_agent.server import create_server
 from protos import tracker_pb2, tracker_pb2_grpc
+from tracker import server as tracker_server
+from tracker.config import TrackerConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 HEARTBEAT_S = 0.05
 
@@ -115,3 +124,55 @@ def test_keeps_trying_until_the_tracker_appears(tmp_path: Path) -> None:
             assert wait_until(lambda: len(fake.registers) >= 1)
         finally:
             tracker_server.stop(None)
+
+
+def spawn_agent(tmp_path: Path, tracker: str, name: str, *args: str) -> subprocess.Popen[bytes]:
+    """`python -m device_agent` registering with `tracker` as agent `name`; stopped by the caller."""
+    with open(tmp_path / f"{name}.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "device_agent", "--tracker", tracker, "--agent-id", name,
+             "--listen", "127.0.0.1:0", "--cache-dir", str(tmp_path / name), *args],
+            cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def test_real_agents_register_backend_and_cpu_feature_tags(tmp_path: Path) -> None:
+    serving = tracker_server.create_server("127.0.0.1:0", TrackerConfig(heartbeat_interval_s=0.5))
+    procs = [
+        spawn_agent(tmp_path, serving.address, "cpu-agent", "--backend", "cpu", "--key", "k",
+                    "--tag", "board=b"),
+        spawn_agent(tmp_path, serving.address, "null-agent", "--backend", "null", "--key", "k",
+                    "--tag", "features=neon"),
+    ]  # fmt: skip
+    try:
+        with grpc.insecure_channel(serving.address) as channel:
+            stub = tracker_pb2_grpc.TrackerStub(channel)
+
+            def registered() -> dict[str, dict[str, str]]:
+                listed = stub.ListDevices(tracker_pb2.ListDevicesRequest(key="k"), timeout=10)
+                return {d.spec.device_id: dict(d.spec.tags) for d in listed.devices}
+
+            def logs() -> str:
+                return "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.log")))
+
+            assert wait_until(lambda: len(registered()) == 2, timeout_s=60), logs()
+            tags = registered()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        serving.stop(grace_s=0.5)
+    cpu = tags["cpu-agent/0"]
+    assert cpu["backend"] == "cpu" and cpu["board"] == "b" and cpu["arch"]
+    assert cpu["features"] == hostinfo.cpu_tags()["features"]
+    assert cpu["cpu"] == hostinfo.cpu_tags()["cpu"]
+    if cpu["arch"] == "x86_64":
+        assert {"sse4_2", "avx2"} & set(cpu["features"].split(","))  # any x86 host of this decade
+    # The null backend adds only `backend`; the user's --tag overrides what the agent would say.
+    assert tags["null-agent/0"] == {"arch": cpu["arch"], "backend": "null", "features": "neon"}

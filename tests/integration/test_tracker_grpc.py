@@ -19,7 +19,9 @@ RPC_TIMEOUT_S = 10.0  # deadline on every call; no test should come near it
 
 @pytest.fixture
 def tracker() -> Iterator[ServingTracker]:
-    serving = create_server("127.0.0.1:0", TrackerConfig(heartbeat_interval_s=5.0))
+    # No startup grace: an Acquire no registered device matches is answered at once.
+    config = TrackerConfig(heartbeat_interval_s=5.0, startup_grace_s=0.0)
+    serving = create_server("127.0.0.1:0", config)
     try:
         yield serving
     finally:
@@ -98,6 +100,31 @@ def test_busy_device_gives_no_device_within_the_deadline(stub: Any) -> None:
     )
     response = acquire(stub, key="arm")
     assert response.reason == "no registered device matches key='arm' tags={}"
+
+
+@pytest.mark.parametrize(
+    ("selector", "reason"),
+    [
+        ({"key": "arm"}, "no registered device matches key='arm' tags={}"),
+        (
+            {"key": "x86", "tag_selector": {"arch": "aarch64"}},
+            "no registered device matches key='x86' tags={'arch': 'aarch64'}",
+        ),
+    ],
+)
+def test_unregistered_selector_gets_no_device_at_once(
+    stub: Any, tracker: ServingTracker, selector: dict[str, Any], reason: str
+) -> None:
+    register(stub)
+    future = stub.Acquire.future(
+        tracker_pb2.AcquireRequest(timeout_s=60, **selector), timeout=60 + RPC_TIMEOUT_S
+    )
+    # Before fail-fast the tracker queued this request and answered only at its 60 s deadline.
+    response = future.result(timeout=RPC_TIMEOUT_S)
+    assert (response.status, response.reason) == (common_pb2.NO_DEVICE, reason)
+    assert tracker.pool.waiting == 0
+    [status] = stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices
+    assert status.queue_depth == 0
 
 
 def test_waiting_acquire_is_granted_on_release(stub: Any, tracker: ServingTracker) -> None:

@@ -227,6 +227,17 @@ def test_silent_agent_loses_devices_and_leases(store: TrackerStore) -> None:
     assert grant(store, "L3", now=T0 + 6) is not None
 
 
+def test_devices_by_key_include_lost_ones_with_their_tags(store: TrackerStore) -> None:
+    """The pool answers NO_DEVICE at once only when no device here matches, LOST ones included."""
+    specs = [DeviceSpec("", "arm", {"board": "rpi4", "features": "neon"}), DeviceSpec("", "x86")]
+    store.register(validation.registration("a", "10.0.0.1:9000", specs), T0)
+    store.expire(T0 + AGENT_TIMEOUT_S + 0.1, AGENT_TIMEOUT_S)
+    [record] = store.devices("arm")
+    assert (record.spec.device_id, record.state) == ("a/0", DeviceState.LOST)
+    assert record.spec.tags == {"board": "rpi4", "features": "neon"}
+    assert store.devices("riscv") == []
+
+
 def test_lost_devices_are_forgotten_after_the_retention(store: TrackerStore) -> None:
     store.register(registration("a", "k"), T0)
     store.register(registration("b", "k"), T0 + 50)

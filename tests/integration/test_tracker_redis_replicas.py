@@ -7,6 +7,7 @@ gets a device freed on another was woken by the store's pub/sub channel.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
@@ -146,6 +147,26 @@ def test_a_release_on_one_replica_wakes_a_waiter_on_another(replicas: Replicas) 
     thread.join(WAIT_S)
     lease = results["waiter"].lease
     assert lease is not None and lease.device.device_id == "agent/0"
+
+
+def test_devices_registered_on_one_replica_are_known_to_another(replicas: Replicas) -> None:
+    """Fail fast reads the shared registrations: unknown selectors end at once, busy ones wait."""
+    fail_fast = dataclasses.replace(CONFIG, startup_grace_s=0.0)
+    registering_side, asking_side = replicas.start(fail_fast), replicas.start(fail_fast)
+    register(registering_side, "agent", 1)
+    held = registering_side.acquire(LeaseRequest(key="k")).lease
+    assert held is not None
+    results: dict[str, AcquireResult] = {}
+    unknown = start_acquire(asking_side, results, "unknown", key="nope", request_id="unknown")
+    unknown.join(WAIT_S / 2)  # well before its WAIT_S deadline
+    assert results["unknown"].reason == "no registered device matches key='nope' tags={}"
+    busy = start_acquire(asking_side, results, "busy", key="k", request_id="busy")
+    wait_until(lambda: asking_side.waiting == 1)
+    assert "busy" not in results
+    registering_side.release(held.lease_id)
+    busy.join(WAIT_S)
+    assert results["busy"].lease is not None
+    assert queued_ids(asking_side, replicas.stores[1]) == []
 
 
 def test_priority_holds_across_replicas(replicas: Replicas) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,10 @@ from tracker.model import AcquireResult, DeviceSpec, DeviceState, Lease, LeaseRe
 from tracker.pool import DevicePool
 from tracker.store.memory import MemoryStore
 
-CONFIG = TrackerConfig(heartbeat_interval_s=2.0, default_lease_ttl_s=30.0, max_lease_ttl_s=60.0)
+# No startup grace: these pools are not restarts, so an unknown selector fails fast at once.
+CONFIG = TrackerConfig(
+    heartbeat_interval_s=2.0, default_lease_ttl_s=30.0, max_lease_ttl_s=60.0, startup_grace_s=0.0
+)
 WAIT_S = 5.0  # bound on every wait in these tests; none should come near it
 
 
@@ -116,6 +120,100 @@ def test_lost_devices_reason(pool: DevicePool, clock: FakeClock) -> None:
     pool.reap()
     result = pool.acquire(LeaseRequest(key="arm"))
     assert result.reason == "no live device matches key='arm' tags={}: all 1 matching devices lost"
+
+
+def acquire_in_thread(
+    pool: DevicePool, request: LeaseRequest
+) -> tuple[threading.Thread, list[AcquireResult]]:
+    results: list[AcquireResult] = []
+    thread = threading.Thread(target=lambda: results.append(pool.acquire(request)), daemon=True)
+    thread.start()
+    return thread, results
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "reason"),
+    [
+        ({"key": "x86"}, "no registered device matches key='x86' tags={}"),
+        (
+            {"key": "arm", "tag_selector": {"board": "rpi4"}},
+            "no registered device matches key='arm' tags={'board': 'rpi4'}",
+        ),
+        (
+            {"tag_selector": {"board": "rpi4"}},
+            "no registered device matches key='' tags={'board': 'rpi4'}",
+        ),
+        ({"key": "x86", "request_id": "r1"}, "no registered device matches key='x86' tags={}"),
+    ],
+)
+def test_unregistered_selector_fails_at_once_despite_a_long_timeout(
+    pool: DevicePool, request_fields: dict[str, Any], reason: str
+) -> None:
+    register(pool, "a", DeviceSpec("", "arm", {"board": "rk3399"}))
+    take(pool, key="arm")  # busy devices of other selectors do not make it wait either
+    started = time.monotonic()
+    # In a thread, so that the old behaviour (waiting the full 60 s) fails within WAIT_S.
+    thread, results = acquire_in_thread(pool, LeaseRequest(timeout_s=60.0, **request_fields))
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "an unregistered selector waited for its deadline"
+    assert time.monotonic() - started < 1.0
+    assert (results[0].lease, results[0].reason) == (None, reason)
+    assert pool.waiting == 0
+    assert pool.queue_depths() == {}  # never queued, so it blocked nobody
+
+
+def test_busy_devices_still_make_a_request_wait(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    held = take(pool, key="k")
+    thread, results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=60.0))
+    wait_for_waiters(pool, 1)
+    time.sleep(0.2)  # a fail-fast answer would have come by now
+    assert results == [] and thread.is_alive()
+    pool.release(held.lease_id)
+    thread.join(WAIT_S)
+    assert results[0].lease is not None and results[0].lease.device.device_id == "a/0"
+
+
+def test_lost_devices_make_a_request_wait_for_their_agent(
+    pool: DevicePool, clock: FakeClock
+) -> None:
+    """A LOST device is known: its agent usually registers again under its old id."""
+    register(pool, "a", DeviceSpec("", "k"))
+    clock.advance(CONFIG.agent_timeout_s + 1)
+    assert pool.reap().lost_devices == ("a/0",)
+    thread, results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=60.0))
+    wait_for_waiters(pool, 1)
+    assert results == []
+    register(pool, "a", DeviceSpec("", "k"))
+    thread.join(WAIT_S)
+    assert results[0].lease is not None and results[0].lease.device.device_id == "a/0"
+
+
+def test_within_the_startup_grace_an_unregistered_selector_waits(clock: FakeClock) -> None:
+    """A restarted tracker knows no device until its agents register again."""
+    pool = DevicePool(MemoryStore(), dataclasses.replace(CONFIG, startup_grace_s=60.0), clock=clock)
+    try:
+        thread, results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=WAIT_S))
+        wait_for_waiters(pool, 1)
+        register(pool, "a", DeviceSpec("", "k"))
+        thread.join(WAIT_S)
+        assert results[0].lease is not None
+    finally:
+        pool.close()
+
+
+def test_the_startup_grace_ends_with_the_unregistered_reason(clock: FakeClock) -> None:
+    pool = DevicePool(MemoryStore(), dataclasses.replace(CONFIG, startup_grace_s=0.5), clock=clock)
+    try:
+        thread, results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=60.0))
+        thread.join(WAIT_S)  # answered when the grace ends, not at the 60 s deadline
+        assert not thread.is_alive()
+        assert results[0].reason == "no registered device matches key='k' tags={}"
+        assert pool.waiting == 0 and pool.queue_depths() == {}
+        later = pool.acquire(LeaseRequest(key="k", timeout_s=60.0))
+        assert later.reason == "no registered device matches key='k' tags={}"
+    finally:
+        pool.close()
 
 
 def test_priority_then_fifo(pool: DevicePool) -> None:
@@ -279,6 +377,18 @@ def test_list_devices_reports_queue_depth(pool: DevicePool) -> None:
             [DeviceSpec("d", "k"), DeviceSpec("d", "k")],
             r"devices\[1\]\.device_id 'd' duplicates devices\[0\]",
         ),
+        (
+            "a",
+            [DeviceSpec("", "k", {"features": "x" * 1025})],
+            r"devices\[0\]\.tags\['features'\] must be at most 1024 characters, got 1025",
+        ),
+        (
+            "a",
+            [DeviceSpec("", "k", {str(i): "" for i in range(65)})],
+            r"devices\[0\]\.tags must have at most 64 tags, got 65",
+        ),
+        ("a", [DeviceSpec("", "k", {"": "v"})], r"devices\[0\]\.tags names must be 1 to 64"),
+        ("a", [DeviceSpec("", "k", {"n" * 65: "v"})], r"devices\[0\]\.tags names must be 1 to 64"),
     ],
 )
 def test_invalid_register(
@@ -298,6 +408,8 @@ def test_invalid_acquire(pool: DevicePool, field: str) -> None:
         pool.renew("")
     with pytest.raises(InvalidArgument, match="request_id must be at most 128 characters"):
         pool.acquire(LeaseRequest(request_id="r" * 129))
+    with pytest.raises(InvalidArgument, match=r"tag_selector\['cpu'\] must be at most 1024"):
+        pool.acquire(LeaseRequest(tag_selector={"cpu": "c" * 1025}))
 
 
 def start_waiting(

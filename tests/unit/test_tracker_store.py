@@ -61,11 +61,13 @@ def test_a_restarted_memory_store_still_issues_higher_fences() -> None:
         ("redis://127.0.0.1:6379/2", "redis://127.0.0.1:6379/2", DEFAULT_PREFIX),
         ("redis://h:1/0?prefix=pool-a:", "redis://h:1/0", "pool-a:"),
         ("redis+unix:///run/redis.sock?db=3&prefix=p:", "unix:///run/redis.sock?db=3", "p:"),
+        ("rediss://:pw@h:1/0", "rediss://:pw@h:1/0", DEFAULT_PREFIX),
     ],
 )
 def test_store_urls(url: str, client_url: str, prefix: str) -> None:
     assert is_store_name(url)
-    assert parse_url(url) == (client_url, prefix)
+    parsed = parse_url(url)
+    assert (parsed.client_url, parsed.prefix) == (client_url, prefix)
 
 
 @pytest.mark.parametrize(
@@ -74,6 +76,7 @@ def test_store_urls(url: str, client_url: str, prefix: str) -> None:
         ("postgres://h/db", "unknown store 'postgres://h/db'"),
         ("redis:///0", "names no host"),
         ("redis+unix://", "names no socket"),
+        ("redis://:hunter2@h:1/x", r"'redis://:\*\*\*@h:1/x': db must be a number"),
     ],
 )
 def test_bad_store_names_are_refused(name: str, message: str) -> None:
@@ -84,4 +87,10 @@ def test_bad_store_names_are_refused(name: str, message: str) -> None:
 def test_redis_store_connects_lazily() -> None:
     store = open_store("redis://127.0.0.1:1/0?prefix=x:")  # nothing listens there; no I/O yet
     assert isinstance(store, RedisStore) and store.prefix == "x:"
+    store.close()
+
+
+def test_redis_store_names_itself_without_the_password() -> None:
+    store = open_store("redis://:hunter2@127.0.0.1:1/0")
+    assert isinstance(store, RedisStore) and store.url == "redis://127.0.0.1:1/0"
     store.close()

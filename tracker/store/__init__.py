@@ -4,20 +4,24 @@
 
     memory                                   state in this process (lost on exit)
     redis://host:port/db[?prefix=P]          Redis over TCP; keys under P (default "kiln:")
+    rediss://host:port/db[?prefix=P]         the same over TLS
     redis+unix:///path/redis.sock[?db=N&prefix=P]   Redis over a unix socket
+
+The URL forms, passwords included, are those of protos.redis_url.
 """
 
 from __future__ import annotations
 
+from protos.redis_url import SCHEMES
 from tracker.errors import UnknownStore
 from tracker.store.base import TrackerStore
 
-AVAILABLE_STORES = ("memory", "redis://", "redis+unix://")
+AVAILABLE_STORES = ("memory", *SCHEMES)
 
 
 def is_store_name(name: str) -> bool:
     """True when `name` is "memory" or starts with a redis scheme (the URL is checked on open)."""
-    return name == "memory" or name.startswith(("redis://", "redis+unix://"))
+    return name == "memory" or name.startswith(SCHEMES)
 
 
 def open_store(name: str) -> TrackerStore:
@@ -37,5 +41,5 @@ def open_store(name: str) -> TrackerStore:
 
         return RedisStore(name)
     raise UnknownStore(
-        f"unknown store {name!r}; use memory, redis://host:port/db or redis+unix:///path"
+        f"unknown store {name!r}; use memory, redis[s]://host:port/db or redis+unix:///path"
     )

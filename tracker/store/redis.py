@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import threading
-import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +27,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from protos.redis_url import RedisUrl, parse_redis_url
 from tracker.errors import InvalidArgument, LeaseLost, StoreUnavailable, UnknownStore
 from tracker.model import (
     DeviceRecord,
@@ -128,30 +128,17 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def parse_url(url: str) -> tuple[str, str]:
-    """Split a store URL into (redis-py URL, key prefix).
-
-    `redis://host:port/db?prefix=P` and `redis+unix:///path/to.sock?db=N&prefix=P` are accepted;
-    the prefix defaults to DEFAULT_PREFIX.
+def parse_url(url: str) -> RedisUrl:
+    """Parse a store URL (see protos.redis_url); the prefix defaults to DEFAULT_PREFIX.
 
     Raises:
-        UnknownStore: another scheme, or no host / socket path.
+        UnknownStore: another scheme, no host or socket path, a bad port or db; the message names
+            the URL without its password.
     """
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
-    prefix = query.pop("prefix", [DEFAULT_PREFIX])[-1]
-    rest = urllib.parse.urlencode({name: values[-1] for name, values in query.items()})
-    if parts.scheme == "redis":
-        if not parts.hostname:
-            raise UnknownStore(f"store URL {url!r} names no host (redis://host:port/db)")
-        client_url = urllib.parse.urlunsplit(("redis", parts.netloc, parts.path, rest, ""))
-    elif parts.scheme == "redis+unix":
-        if not parts.path:
-            raise UnknownStore(f"store URL {url!r} names no socket (redis+unix:///path)")
-        client_url = f"unix://{parts.netloc}{parts.path}" + (f"?{rest}" if rest else "")
-    else:
-        raise UnknownStore(f"store URL {url!r}: scheme must be redis:// or redis+unix://")
-    return client_url, prefix
+    try:
+        return parse_redis_url(url, default_prefix=DEFAULT_PREFIX)
+    except ValueError as error:
+        raise UnknownStore(f"store {error}") from None
 
 
 class RedisStore(base.TrackerStore):
@@ -166,10 +153,11 @@ class RedisStore(base.TrackerStore):
         Raises:
             UnknownStore: the URL is malformed.
         """
-        client_url, self.prefix = parse_url(url)
-        self.url = url
+        parsed = parse_url(url)
+        self.prefix = parsed.prefix
+        self.url = parsed.shown  # without the password: it names the store in errors and logs
         self._redis: Any = client or redis.Redis.from_url(
-            client_url,
+            parsed.client_url,
             decode_responses=True,
             socket_timeout=_SOCKET_TIMEOUT_S,
             socket_connect_timeout=_CONNECT_TIMEOUT_S,
