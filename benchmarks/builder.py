@@ -5,7 +5,7 @@ pool runner gains from a second device.
 
 Build: each round draws `per_unit` random configs of dense 1024x1024x1024 and builds them both
 ways, in alternating order, each into a fresh (empty) compile cache: alone (one gcc call per
-candidate) and as one unit (`tuner.builder.build_unit`, one gcc call). Then the same unit again
+candidate) and as one unit (`tuner.measure.builder.build_unit`, one gcc call). Then the same unit again
 from the warm cache. Per-candidate medians over the rounds, and the ratio.
 
 Runner: a local pool with one agent holding two devices; the same batch of small kernels measured
@@ -30,11 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compiler.toolchain import CACHE_ENV
-from tuner.builder import build_one, build_unit
-from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig
+from tuner.measure.builder import build_one, build_unit
+from tuner.measure.local_pool import LocalPool
+from tuner.measure.pool_runner import PoolConfig, PoolRunner
 from tuner.records import Workload
-from tuner.runner.pool import PoolConfig, PoolRunner
 from tuner.task import Task
 
 DENSE = Workload("dense", (1024, 1024, 1024))

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/measure.py [--candidates 200] [--noise-repeats 30] [--rounds 3]
 
 A `kiln-tracker` and two `kiln-agent` processes (cpu backend, one device each) start on 127.0.0.1.
-Every candidate is one full cycle with raw gRPC stubs, the protocol of tuner.runner.pool: Acquire
+Every candidate is one full cycle with raw gRPC stubs, the protocol of tuner.measure.pool_runner: Acquire
 a lease, Has -> skip or Upload (Has only for an artifact this client has not seen on that agent;
 a Measure answered with the hash in missing_sha256 re-uploads and measures again), Measure
 (number=1, repeat=1) of a small kernel, Release. Two kinds of candidate, interleaved so that both

@@ -1,9 +1,9 @@
 """Whole models, ours vs onnxruntime, single-threaded, interleaved in one process.
 
-For each model (ResNet-18, MobileNetV2, BERT-tiny from `compiler/models.py`, seeded weights) the
+For each model (ResNet-18, MobileNetV2, BERT-tiny from `compiler/zoo.py`, seeded weights) the
 ONNX model is imported and built with the default configs (untuned) and, with `--records R` (a
 records file or store from `kiln tune`, issue 7's budget being at most 2,000 trials in all), with
-the best configs of those records (tuned), through `tuner.model_tuning.configs_from_records` when
+the best configs of those records (tuned), through `tuner.network.tune.configs_from_records` when
 that function exists (else the tuned build is skipped with a note). Every build's outputs are
 checked against onnxruntime's (max |ours - ort| <= 1e-4 * max |ort|) before anything is timed.
 Then ours (the C entry `kiln_model_run` called in a loop through ctypes) and onnxruntime (1
@@ -54,7 +54,7 @@ import onnx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from compiler import models  # noqa: E402
+from compiler import zoo  # noqa: E402
 from compiler.frontend.onnx import from_onnx  # noqa: E402
 from compiler.graph.build_model import (  # noqa: E402
     MODEL_ENTRY,
@@ -66,7 +66,7 @@ from compiler.graph.build_model import (  # noqa: E402
 from compiler.graph.ir import Graph  # noqa: E402
 from compiler.toolchain import CACHE_ENV  # noqa: E402
 from device_agent import abi  # noqa: E402
-from tuner.model_timing import (  # noqa: E402
+from tuner.network.timing import (  # noqa: E402
     NativeModel,
     OrtPeer,
     loop_seconds,
@@ -113,18 +113,18 @@ class Row:
 
 
 def onnx_model(name: str, image: int, seq: int) -> onnx.ModelProto:
-    return models.build(name, **({"seq": seq} if name == "bert_tiny" else {"image": image}))
+    return zoo.build(name, **({"seq": seq} if name == "bert_tiny" else {"image": image}))
 
 
 def feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
     """Seeded inputs: token ids below the vocabulary for int64 inputs, N(0, 1) for floats."""
-    return seeded_feeds(model, seed, models.BERT_VOCAB)
+    return seeded_feeds(model, seed, zoo.BERT_VOCAB)
 
 
 def configs_from_records() -> ConfigsFromRecords | None:
-    """`tuner.model_tuning.configs_from_records`, or None where it does not exist yet."""
+    """`tuner.network.tune.configs_from_records`, or None where it does not exist yet."""
     try:
-        module = importlib.import_module("tuner.model_tuning")
+        module = importlib.import_module("tuner.network.tune")
     except ImportError:
         return None
     fn = getattr(module, "configs_from_records", None)
@@ -346,9 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     from_records = configs_from_records() if args.records else None
     store = None
     if args.records and from_records is None:
-        tuned_note = "untuned ratios (no tuner.model_tuning.configs_from_records: tuned skipped)"
+        tuned_note = "untuned ratios (no tuner.network.tune.configs_from_records: tuned skipped)"
     elif args.records:
-        from tuner.record_store import open_store
+        from tuner.records import open_store
 
         store = open_store(args.records)
         tuned_note = f"tuned ratio where tuned, else untuned (records {args.records})"

@@ -26,9 +26,9 @@ import numpy as np
 
 from compiler import ops
 from compiler.ops.space import ConfigSpace, Knob
-from tuner.cost_model import CostModel
-from tuner.features import knob_features
-from tuner.sa import SimulatedAnnealing
+from tuner.search.annealing import SimulatedAnnealing
+from tuner.search.cost_model import CostModel
+from tuner.search.features import knob_features
 
 DENSE = (1024, 1024, 1024)
 

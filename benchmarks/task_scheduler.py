@@ -20,7 +20,7 @@ import math
 import random
 from collections.abc import Callable
 
-from tuner.task_scheduler import SchedTask, TaskScheduler
+from tuner.network.scheduler import SchedTask, TaskScheduler
 
 BATCH = 16
 LEVELS = (1.5, 1.2, 1.1, 1.05)

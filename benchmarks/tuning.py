@@ -61,13 +61,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks.kernel_search import NativeKernel, build_candidate  # noqa: E402
 from compiler.toolchain import host_target_name  # noqa: E402
 from tuner import records as rec  # noqa: E402
-from tuner.builder import LocalBuilder  # noqa: E402
-from tuner.local_pool import LocalPool  # noqa: E402
+from tuner.loop import tune  # noqa: E402
 from tuner.measure import EvaluatorConfig, MeasureResult, Status  # noqa: E402
-from tuner.runner.pool import PoolConfig, PoolRunner  # noqa: E402
+from tuner.measure.builder import LocalBuilder  # noqa: E402
+from tuner.measure.local_pool import LocalPool  # noqa: E402
+from tuner.measure.pool_runner import PoolConfig, PoolRunner  # noqa: E402
+from tuner.options import CONFIRM_TOP, TuneOptions  # noqa: E402
 from tuner.search import RandomSearch, Searcher  # noqa: E402
 from tuner.task import Task  # noqa: E402
-from tuner.tune import CONFIRM_TOP, tune  # noqa: E402
 
 BEST_FILE = Path(__file__).resolve().parent / "kernels_best.json"
 AGENT_CORE, BUILD_CORE = 1, 0
@@ -89,9 +90,9 @@ CASES = {
 
 
 def model_searcher(task: Task, seed: int) -> Searcher:
-    from tuner.model_search import ModelSearcher
+    from tuner.search.xgb import XGBSearcher
 
-    return ModelSearcher(task.space, flop=task.flop, seed=seed, valid=valid_fn(task))
+    return XGBSearcher(task.space, flop=task.flop, seed=seed, valid=valid_fn(task))
 
 
 def random_searcher(task: Task, seed: int) -> Searcher:
@@ -238,8 +239,8 @@ def metaschedule(python: str, budget: int, work_dir: str) -> dict[str, float] | 
 
 def score_10k_ms(table: Table) -> float:
     """Milliseconds to featurize and score 10,000 candidates with a model fitted on `table`."""
-    from tuner.cost_model import CostModel
-    from tuner.features import knob_features
+    from tuner.search.cost_model import CostModel
+    from tuner.search.features import knob_features
 
     space = table.task.space
     done = [(i, r) for i, r in table.results.items()]
@@ -314,12 +315,14 @@ def main(argv: list[str] | None = None) -> int:
                     sgemm,
                     builder,
                     runner,
-                    n_trials=args.budget,
-                    batch_size=args.batch,
+                    TuneOptions(
+                        trials=args.budget,
+                        batch_size=args.batch,
+                        confirm=CONFIRM_TOP,
+                        pipeline=not args.no_pipeline,
+                    ),
                     searcher=searcher,
-                    records_path=records_path,
-                    confirm=CONFIRM_TOP,
-                    pipeline=not args.no_pipeline,
+                    records=records_path,
                 )
                 wall_s = time.perf_counter() - t0
                 share = float(getattr(searcher, "model_seconds", float("nan"))) / wall_s

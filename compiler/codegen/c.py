@@ -22,6 +22,7 @@ import re
 from collections.abc import Sequence
 
 from compiler.arith import const_bounds
+from compiler.codegen.ctypes import C_TYPES, constant_bound
 from compiler.errors import CodegenError
 from compiler.ir import expr as E
 from compiler.ir.buffer import Buffer
@@ -39,19 +40,6 @@ from compiler.ir.stmt import (
 )
 from compiler.ir.transform import substitute_stmt, walk_stmts
 
-C_TYPES = {
-    "float32": "float",
-    "float64": "double",
-    "int8": "int8_t",
-    "int16": "int16_t",
-    "int32": "int32_t",
-    "int64": "int64_t",
-    "uint8": "uint8_t",
-    "uint16": "uint16_t",
-    "uint32": "uint32_t",
-    "uint64": "uint64_t",
-    "bool": "int",
-}
 _INFIX = {
     E.Add: "+",
     E.Sub: "-",
@@ -155,7 +143,7 @@ def render_c(
         vector_bytes: the widest vector register of the target (64 for AVX-512, 32 for AVX2,
             16 for NEON); wider vectorized loops become one statement per register.
     """
-    from compiler.codegen.vector import vector_helpers  # vector imports this module
+    from compiler.codegen.vector import vector_helpers
     from compiler.codegen.vector_math import vector_math_helpers
 
     writers = [FunctionWriter(func, check_symbol(symbol), vector_bytes) for func, symbol in funcs]
@@ -248,7 +236,7 @@ class FunctionWriter:
     def declare_registers(self, buf: Buffer) -> list[str]:
         """Declarations of the variables of a register-promoted buffer's slots (uninitialised,
         like an allocation)."""
-        from compiler.codegen.vector import _ITEM_BYTES, vector_type  # vector imports this module
+        from compiler.codegen.vector import _ITEM_BYTES, vector_type
 
         widths: dict[int, int] = {}
         lines = []
@@ -373,7 +361,7 @@ class FunctionWriter:
         raise CodegenError(f"no C rendering for {type(s).__name__}")
 
     def loop(self, s: For, depth: int) -> list[str]:
-        from compiler.codegen.vector import render_vector_loop  # vector imports this module
+        from compiler.codegen.vector import render_vector_loop
 
         pragmas: list[str] = []
         if s.kind is ForKind.VECTORIZED:
@@ -458,16 +446,6 @@ class _RegisterKey:
             and other.buffer is self.buffer
             and other.element == self.element
         )
-
-
-def constant_bound(extent: E.Expr) -> int | None:
-    """A constant upper bound of a loop extent, if it is a constant or min(constant, ...)."""
-    if isinstance(extent, E.IntImm):
-        return extent.value
-    if isinstance(extent, E.Min):
-        bounds = [b for b in (constant_bound(extent.a), constant_bound(extent.b)) if b is not None]
-        return min(bounds) if bounds else None
-    return None
 
 
 def _ctype(dtype: str) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from compiler.arith import const_bounds
 from compiler.arith.linear import linear_form
-from compiler.codegen.c import C_TYPES, constant_bound
+from compiler.codegen.ctypes import C_TYPES, constant_bound
 from compiler.ir import expr as E
 from compiler.ir.buffer import Buffer
 from compiler.ir.stmt import For, Store

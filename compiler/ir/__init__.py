@@ -93,3 +93,6 @@ __all__ = [
     "structural_key",
     "substitute",
 ]
+
+# Loaded for its side effect: it installs the text of IR nodes (`str(node)`; see expr.node_text).
+from compiler.ir import printer as _printer  # noqa: F401

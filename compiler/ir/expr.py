@@ -8,8 +8,14 @@ hashable value that two structurally equal expressions share (the simplifier com
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+# How IR nodes print: compiler.ir.printer (which imports this module) installs its `to_str` here
+# when it loads, and `compiler.ir` loads it, so every user of the IR gets the printer's text.
+# The hook keeps the nodes' modules from importing the printer back.
+node_text: Callable[[object], str] = object.__repr__
 
 if TYPE_CHECKING:
     from compiler.ir.buffer import Buffer
@@ -69,9 +75,7 @@ class Expr:
         return Sub(convert(0, self.dtype), self)
 
     def __str__(self) -> str:
-        from compiler.ir.printer import to_str  # the printer imports this module
-
-        return to_str(self)
+        return node_text(self)
 
 
 def convert(value: Expr | int | float, dtype_hint: str = INDEX_DTYPE) -> Expr:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.ir import expr as _expr
 from compiler.ir.buffer import Buffer
 from compiler.ir.stmt import Stmt
 
@@ -22,6 +23,4 @@ class PrimFunc:
             raise ValueError(f"PrimFunc {self.name}: parameter names repeat: {names}")
 
     def __str__(self) -> str:
-        from compiler.ir.printer import to_str  # the printer imports this module
-
-        return to_str(self)
+        return _expr.node_text(self)

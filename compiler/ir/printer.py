@@ -114,3 +114,6 @@ def _stmt(s: Stmt, depth: int) -> list[str]:
         ops = ", ".join(f"{b.name}+{_expr(off)}" for b, off, _ in s.operands)
         return [f"{pad}{s.name}({ops})"]
     raise TypeError(f"no printer for {type(s).__name__}")
+
+
+E.node_text = to_str  # type: ignore[assignment]  # the nodes' __str__ (see compiler.ir.expr.node_text)

@@ -6,6 +6,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from compiler.ir import expr as _expr
 from compiler.ir.buffer import Buffer
 from compiler.ir.expr import Expr, Var
 
@@ -26,9 +27,7 @@ class Stmt:
     __slots__ = ()
 
     def __str__(self) -> str:
-        from compiler.ir.printer import to_str  # the printer imports this module
-
-        return to_str(self)
+        return _expr.node_text(self)
 
 
 @dataclass(frozen=True, eq=False)

@@ -4,17 +4,20 @@
 kernel against numpy whatever layout a config picks: logical inputs in the op's natural layout
 (NCHW, OIHW, [K][N]) go through `pack_inputs` into the kernel's argument layout, and
 `unpack_output` turns the kernel's output back, to compare with `reference(*logical_inputs)`.
+`reference_kernel` gives a config's argument layout scheduled naively, for checking a tuned
+kernel on the device (see `reference`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from compiler.ops.reference import naive_schedule
 from compiler.ops.space import Config, ConfigSpace
 from compiler.schedule.schedule import Schedule
 from compiler.te.tensor import PlaceholderOp, Tensor
@@ -52,11 +55,15 @@ class OpTemplate:
 
     Subclasses set `name` and `fields` (the workload's field names) and implement `tensors`,
     `schedule`, `reference`, `flop`, `config_space` and `logical_shapes`; templates whose
-    argument layout depends on the config override `pack_inputs` and `unpack_output`.
+    argument layout depends on the config override `pack_inputs` and `unpack_output`, and name
+    the knobs that decide that layout in `layout_knobs`.
     """
 
     name: str = ""
     fields: tuple[str, ...] = ()
+    # The knobs that decide the argument layout (shapes and meaning of the arguments): `tensors`
+    # MUST give the same arguments for two configs that agree on these, whatever else they set.
+    layout_knobs: tuple[str, ...] = ()
 
     # -- what subclasses provide ------------------------------------------------------------
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
@@ -93,6 +100,19 @@ class OpTemplate:
         """The scheduled computation and its argument tensors, in call order."""
         args = self.tensors(shape, config)
         return self.schedule(shape, config, args), list(args)
+
+    def layout_config(self, config: Mapping[str, Any]) -> Config:
+        """`config` reduced to its layout knobs (index -1: it names the layout, not a point of
+        the space); `tensors` of it gives `config`'s arguments with the plainest compute."""
+        return Config({k: config[k] for k in self.layout_knobs if k in config}, -1)
+
+    def reference_kernel(
+        self, shape: tuple[int, ...], config: Mapping[str, Any]
+    ) -> tuple[Schedule, list[Tensor]]:
+        """`config`'s argument tensors (the shapes, dtypes and order of `instantiate`'s) under
+        the naive schedule; the same for every config with `config`'s layout knobs."""
+        args = self.tensors(shape, self.layout_config(config))
+        return naive_schedule(args), args
 
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         """Whether `config` is plausible on `target` (e.g. its register tile fits the registers).

@@ -203,6 +203,7 @@ class Conv2dNCHWcTemplate(OpTemplate):
 
     name = "conv2d_nchwc"
     fields = FIELDS
+    layout_knobs = ("ic_block", "oc_block", "pixels")
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return conv_geometry(self.name, shape)

@@ -54,6 +54,7 @@ class DenseTemplate(OpTemplate):
 
     name = "dense"
     fields = _FIELDS
+    layout_knobs = ("nr", "kc")
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         m, n, k = check_workload(self.name, shape, _FIELDS)

@@ -89,6 +89,7 @@ class DepthwiseConv2dTemplate(OpTemplate):
 
     name = "depthwise_conv2d_nchwc"
     fields = FIELDS
+    layout_knobs = ("c_block",)
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The workload checked, with (OH, OW) appended."""

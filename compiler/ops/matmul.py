@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from compiler import te
+from compiler.ops.reference import naive_schedule
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import tile_choices
 from compiler.schedule.schedule import Schedule, create_schedule
@@ -18,6 +20,7 @@ _MAX_TILE_M, _MAX_TILE_N, _MAX_TILE_K = 64, 128, 256
 
 class MatmulTemplate:
     name = "matmul"
+    layout_knobs: tuple[str, ...] = ()  # B is [K][N] whatever the config
 
     def compute(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
         m, n, k = _workload(shape)
@@ -46,6 +49,13 @@ class MatmulTemplate:
                 Knob("unroll", (False, True)),
             ]
         )
+
+    def reference_kernel(
+        self, shape: tuple[int, ...], config: Mapping[str, Any]
+    ) -> tuple[Schedule, list[Tensor]]:
+        """`compute(shape)` under the naive schedule (one layout for every config)."""
+        args = list(self.compute(shape))
+        return naive_schedule(args), args
 
     def instantiate(self, shape: tuple[int, ...], config: Config) -> tuple[Schedule, list[Any]]:
         """Tiles (mo, no, ko, mi, ki, ni): a C tile stays in registers/L1 across the k tile."""

@@ -47,6 +47,7 @@ class Pool2dTemplate(OpTemplate):
     """Max or average pooling over pre-padded NCHW[x]c data."""
 
     fields = WINDOW_FIELDS
+    layout_knobs = ("c_block",)
 
     def __init__(self, mode: str) -> None:
         if mode not in ("max", "avg"):
@@ -158,6 +159,7 @@ class GlobalAvgPoolTemplate(OpTemplate):
 
     name = "global_avg_pool2d_nchwc"
     fields = GLOBAL_FIELDS
+    layout_knobs = ("c_block",)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         c = check_workload(self.name, shape, GLOBAL_FIELDS)[1]

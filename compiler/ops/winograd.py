@@ -162,6 +162,7 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
     """3x3 stride-1 convolution by Winograd F(2x2) or F(4x4), in NCHW[x]c."""
 
     name = "conv2d_winograd_nchwc"
+    layout_knobs = ("tile", "ic_block", "oc_block")
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         geometry = conv_geometry(self.name, shape)

@@ -28,7 +28,7 @@ from device_agent.testing import (
 )
 from protos import tracker_pb2, tracker_pb2_grpc
 from tuner.measure import EvaluatorConfig, MeasureResult, Status
-from tuner.runner.pool import PoolConfig, PoolRunner
+from tuner.measure.pool_runner import PoolConfig, PoolRunner
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 

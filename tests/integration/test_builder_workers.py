@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuner.builder import LocalBuilder
+from tuner.measure.builder import LocalBuilder
 from tuner.records import Workload
 
 WL = Workload("matmul", (16, 16, 16))

@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tuner.builder import build_one
-from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig, Status
+from tuner.measure.builder import build_one
+from tuner.measure.local_pool import LocalPool
+from tuner.measure.pool_runner import PoolConfig, PoolRunner
 from tuner.records import Workload
-from tuner.runner.pool import PoolConfig, PoolRunner
 
 FAST = EvaluatorConfig(repeat=2, min_repeat_ms=1.0, timeout_s=20.0)
 WORKLOADS = [

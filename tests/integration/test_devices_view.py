@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import json
 
+from kiln.cli import devices as devices_view
 from tracker.model import DeviceSpec
 from tracker.server import create_server
-from tuner import devices_view
 
 
 def test_watch_reports_a_lost_tracker_and_keeps_going_until_count() -> None:

@@ -21,12 +21,12 @@ from protos import agent_pb2, agent_pb2_grpc, common_pb2
 from protos.auth import Role, TlsFiles, call_metadata, open_channel, write_secrets
 from tracker.model import DeviceSpec, LeaseRequest
 from tracker.server import create_server
-from tuner.builder import build_one
-from tuner.local_pool import LocalPool
 from tuner.measure import EvaluatorConfig, Status
+from tuner.measure.builder import build_one
+from tuner.measure.local_pool import LocalPool
+from tuner.measure.pool_runner import PoolConfig, PoolRunner
+from tuner.measure.tracker_client import ACQUIRE_RETRY_CAP_S, TrackerClient
 from tuner.records import Workload
-from tuner.runner.pool import PoolConfig, PoolRunner
-from tuner.tracker_client import ACQUIRE_RETRY_CAP_S, TrackerClient
 
 FAST = EvaluatorConfig(repeat=2, min_repeat_ms=1.0, timeout_s=10.0)
 
@@ -94,7 +94,7 @@ def test_a_lease_kept_past_its_ttl_is_replaced_not_an_error(
         assert first.status is Status.OK, first.error
         kept = runner.device_tags()[0]
         time.sleep(2.5)  # the kept lease expires (the tracker reaps it)
-        with caplog.at_level(logging.INFO, logger="tuner.runner.pool"):
+        with caplog.at_level(logging.INFO, logger="tuner.measure.pool_runner"):
             again = runner.measure_entry(built.artifact, built.artifact.entries[0].symbol)
             time.sleep(2.5)  # and again, before a batch (a tuner building its next candidates)
             [batch] = runner.run([built.artifact])

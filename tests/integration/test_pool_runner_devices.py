@@ -17,14 +17,15 @@ import pytest
 from compiler.artifact import Artifact
 from device_agent.testing import child_pids, wait_until_idle, wait_until_spinning
 from protos import tracker_pb2
-from tuner.builder import LocalBuilder, build_one
-from tuner.local_pool import LocalPool
+from tuner.loop import tune
 from tuner.measure import EvaluatorConfig, MeasureResult, Status
+from tuner.measure.builder import LocalBuilder, build_one
+from tuner.measure.local_pool import LocalPool
+from tuner.measure.pool_runner import PoolConfig, PoolRunner
+from tuner.measure.tracker_client import TrackerClient
+from tuner.options import TuneOptions
 from tuner.records import Workload
-from tuner.runner.pool import PoolConfig, PoolRunner
 from tuner.task import Task
-from tuner.tracker_client import TrackerClient
-from tuner.tune import tune
 
 # Each measurement lasts at least repeat * min_repeat_ms, so several are in flight at once.
 SLOW = EvaluatorConfig(warmup=0, repeat=2, min_repeat_ms=60.0, timeout_s=30.0)
@@ -206,7 +207,7 @@ def test_the_tuning_loop_measures_units_of_candidates_on_both_devices(pool: Loca
         devices=2,
     )
     try:
-        progress = tune(task, builder, runner, n_trials=8, batch_size=8)
+        progress = tune(task, builder, runner, TuneOptions(trials=8, batch_size=8, tuner="random"))
     finally:
         runner.close()
         builder.close()

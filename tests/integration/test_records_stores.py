@@ -18,14 +18,16 @@ import pytest
 from compiler.artifact import Artifact, Entry
 from tracker.testing import RedisServer, free_port
 from tuner import records as rec
-from tuner.builder import BuildResult
+from tuner.loop import tune
 from tuner.measure import MeasureResult, Status
-from tuner.record_store import FileRecords, RecordStore, RecordStoreError, open_store
-from tuner.records_redis import RedisRecords
-from tuner.runner.fake import FakeRunner
+from tuner.measure.builder import BuildResult
+from tuner.measure.fake_runner import FakeRunner
+from tuner.measure.runner import Reference
+from tuner.options import TuneOptions
+from tuner.records import FileRecords, RecordStore, RecordStoreError, open_store
+from tuner.records.redis import RedisRecords
 from tuner.search import RandomSearch
 from tuner.task import Task
-from tuner.tune import tune
 
 WL = rec.Workload("matmul", (64, 64, 64))
 OTHER = rec.Workload("matmul", (32, 32, 32))
@@ -109,7 +111,9 @@ class SymbolBuilder:
 class InterruptedRunner(FakeRunner):
     """Ctrl-C arrives during the third batch."""
 
-    def run(self, artifacts: Sequence[Artifact]) -> list[MeasureResult]:
+    def run(
+        self, artifacts: Sequence[Artifact], references: Sequence[Reference | None] = ()
+    ) -> list[MeasureResult]:
         if len(self.batches) == 2:
             raise KeyboardInterrupt
         return super().run(artifacts)
@@ -122,7 +126,13 @@ def test_an_interrupted_run_resumes_from_either_store(store: RecordStore) -> Non
         return 1.0 / (1 + index)
 
     with pytest.raises(KeyboardInterrupt):
-        tune(task, SymbolBuilder(), InterruptedRunner(config_seconds=seconds), 30, 4, records=store)
+        tune(
+            task,
+            SymbolBuilder(),
+            InterruptedRunner(config_seconds=seconds),
+            TuneOptions(trials=30, batch_size=4, tuner="random"),
+            records=store,
+        )
     kept = {r.config_index for r in store.load(WL, "fake-target")}
     assert len(kept) == 8
     runner = FakeRunner(config_seconds=seconds)
@@ -130,11 +140,9 @@ def test_an_interrupted_run_resumes_from_either_store(store: RecordStore) -> Non
         task,
         SymbolBuilder(),
         runner,
-        30,
-        4,
+        TuneOptions(trials=30, batch_size=4, resume=True),
         searcher=RandomSearch(len(task.space), seed=7),
         records=store,
-        resume=True,
     )
     assert progress.resumed == 8 and progress.trials == 30 and len(runner.measured) == 22
     every = store.load(WL, "fake-target")

@@ -10,7 +10,7 @@ def kiln(
     *args: str, timeout: float = 240, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
+        [sys.executable, "-m", "kiln", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

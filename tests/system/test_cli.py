@@ -14,7 +14,7 @@ from kiln_cli import kiln
 from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
 from protos.auth import Role, call_metadata, write_secrets
 from tuner import records as rec
-from tuner.local_pool import LocalPool
+from tuner.measure.local_pool import LocalPool
 
 
 def test_tune_op_on_an_embedded_pool_writes_every_record(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from kiln_cli import kiln
 
 from tracker.testing import RedisServer
 from tuner import records as rec
-from tuner.records_redis import RedisRecords
+from tuner.records.redis import RedisRecords
 
 SMALL = ("--min-repeat-ms", "1", "--repeat", "2", "--build-workers", "1")
 
@@ -30,8 +30,8 @@ def lines_of(path: Path) -> int:
 
 def tracker_refuses(stderr: str) -> bool:
     """Whether the local pool's tracker named in a run's stderr is gone (its port refuses)."""
-    [line] = [x for x in stderr.splitlines() if x.startswith("local pool: tracker ")]
-    host, port = line.split()[3].rstrip(",").rsplit(":", 1)
+    [line] = [x for x in stderr.splitlines() if x.startswith("pool: local pool (tracker ")]
+    host, port = line.split()[4].rstrip("),").rsplit(":", 1)
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError:
@@ -54,7 +54,7 @@ def test_a_stopped_run_resumes_without_remeasuring_and_ends_at_the_budget(
     budget, batch = "40", "4"
     common = ("tune-op", "dense", "--shape", "48,32,64", "--trials", budget, "--batch", batch)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner", *common, *SMALL, "--tuner", "random",
+        [sys.executable, "-m", "kiln", *common, *SMALL, "--tuner", "random",
          "--records", str(path)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.cost_model import CostModel, NotFittedError, normalized_throughput
+from tuner.search.cost_model import CostModel, NotFittedError, normalized_throughput
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -10,7 +10,7 @@ import pytest
 from compiler import ops
 from compiler.lower import lower
 from compiler.ops.space import ConfigSpace, Knob
-from tuner.features import (
+from tuner.search.features import (
     FEATURE_PASSES,
     FEATURE_VERSION,
     LOOP_FEATURE_LENGTH,

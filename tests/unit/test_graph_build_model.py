@@ -1,7 +1,7 @@
 """Whole models built into one shared object (kernels + `kiln_model_run`), run, checked vs onnxruntime.
 
 Each model is an ONNX graph (small nets made here with `onnx.helper`, ResNet-18 and BERT-tiny from
-`compiler.models`), imported, built with `build_model`, and run once through the ctypes runner
+`compiler.zoo`), imported, built with `build_model`, and run once through the ctypes runner
 (`model_runtime`) on seeded random inputs; outputs must be within 1e-4 relative of onnxruntime's.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from model_runtime import ModelRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler import models, toolchain
+from compiler import toolchain, zoo
 from compiler.frontend.onnx import from_onnx
 from compiler.graph import GraphError
 from compiler.graph import passes as P
@@ -88,7 +88,7 @@ class Net:
             self.inits,
         )
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        m.ir_version = models.IR_VERSION
+        m.ir_version = zoo.IR_VERSION
         return m
 
 
@@ -265,8 +265,8 @@ def test_transformer_block() -> None:
 
 
 def test_resnet18() -> None:
-    built = check_model(models.build("resnet18", image=32), seed=1)
-    graph = from_onnx(models.build("resnet18", image=32))
+    built = check_model(zoo.build("resnet18", image=32), seed=1)
+    graph = from_onnx(zoo.build("resnet18", image=32))
     fusion = P.fuse(plan_model(graph).graph)
     anchors = [g for g in fusion.groups if g.anchor.op in ("conv2d_nchwc", "dense")]
     assert sum(t.weight for t in built.tasks) == len(anchors) == 21
@@ -275,7 +275,7 @@ def test_resnet18() -> None:
 
 
 def test_bert_tiny_and_save_load(tmp_path: Path) -> None:
-    model = models.build("bert_tiny", seq=16)
+    model = zoo.build("bert_tiny", seq=16)
     built = check_model(model, seed=2)
     assert {t.key for t in built.tasks if t.template} == {
         ("dense", (16, 128, 128)),

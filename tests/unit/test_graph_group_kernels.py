@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from compiler import models, toolchain
+from compiler import toolchain, zoo
 from compiler.build import Kernel, build_source_many
 from compiler.frontend.onnx import from_onnx
 from compiler.graph import Category, Graph, GraphError, get_op, op_names, run_reference
@@ -318,7 +318,7 @@ def test_pools(blocked: bool) -> None:
 
 
 def model_plan(name: str, **kw: int) -> FusionPlan:
-    g = from_onnx(models.build(name, **kw))
+    g = from_onnx(zoo.build(name, **kw))
     return P.fuse(P.to_nchwc(P.fold_batch_norm(g)))
 
 

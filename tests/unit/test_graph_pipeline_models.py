@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from compiler import models
+from compiler import zoo
 from compiler.frontend.onnx import from_onnx
 from compiler.graph import Graph, run_reference
 from compiler.graph import passes as P
@@ -28,7 +28,7 @@ def optimize(g: Graph) -> Graph:
     [("resnet18", {"image": 64}), ("mobilenet_v2", {"image": 64}), ("bert_tiny", {"seq": 32})],
 )
 def test_model_keeps_its_outputs_through_every_pass(name: str, kw: dict[str, int]) -> None:
-    model = models.build(name, **kw)
+    model = zoo.build(name, **kw)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.ops.space import ConfigSpace, Knob
-from tuner.features import digits
-from tuner.sa import SimulatedAnnealing
+from tuner.search.annealing import SimulatedAnnealing
+from tuner.search.features import digits
 
 # 10^6 configs: too many to enumerate in a test, few enough to check answers exactly.
 SPACE = ConfigSpace([Knob(f"k{j}", tuple(range(10))) for j in range(6)])

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tuner.task_scheduler import (
+from tuner.network.scheduler import (
     Allocation,
     SchedTask,
     ScheduleResult,

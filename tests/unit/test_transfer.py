@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner import transfer
-from tuner.features import LOOP_FEATURE_LENGTH
 from tuner.measure import MeasureResult, Status
-from tuner.model_search import ModelSearcher
 from tuner.records import Record, Workload
+from tuner.search import transfer
+from tuner.search.features import LOOP_FEATURE_LENGTH
+from tuner.search.transfer import TransferModel, task_loop_features
+from tuner.search.xgb import XGBSearcher
 from tuner.task import Task
-from tuner.transfer import TransferModel, task_loop_features
 
 A = Workload("dense", (64, 64, 64))
 B = Workload("dense", (96, 96, 96))
@@ -57,7 +57,7 @@ def test_transfer_model_guides_the_first_batch_of_another_workload() -> None:
         return task.worth_measuring(i)
 
     score = model.scorer(task)
-    s = ModelSearcher(
+    s = XGBSearcher(
         task.space, flop=task.flop, seed=1, valid=valid, transfer=score, transfer_sample=32
     )
     s.exclude(measured)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from compiler import toolchain
-from tuner.builder import LocalBuilder, build_one
+from tuner.measure.builder import LocalBuilder, build_one
 from tuner.records import Workload
 from tuner.task import Task
 

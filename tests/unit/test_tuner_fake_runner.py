@@ -8,7 +8,7 @@ import pytest
 
 from compiler.artifact import Artifact, Entry
 from tuner.measure import Status
-from tuner.runner.fake import FakeRunner, config_index_of
+from tuner.measure.fake_runner import FakeRunner, config_index_of
 
 
 def art(index: int, symbol: str | None = None) -> Artifact:

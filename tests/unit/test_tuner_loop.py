@@ -11,12 +11,14 @@ import pytest
 
 from compiler.artifact import Artifact, Entry
 from tuner import records as rec
-from tuner.builder import BuildResult
+from tuner.loop import TuningError, tune
 from tuner.measure import MeasureResult, Status
-from tuner.runner.fake import FakeRunner
+from tuner.measure.builder import BuildResult
+from tuner.measure.fake_runner import FakeRunner
+from tuner.measure.runner import Reference
+from tuner.options import TuneOptions
 from tuner.search import RandomSearch
 from tuner.task import Task
-from tuner.tune import TuningError, tune
 
 WL = rec.Workload("matmul", (64, 64, 64))
 
@@ -65,7 +67,11 @@ def test_loop_records_every_candidate_and_finds_the_fastest(tmp_path: Path) -> N
     path = tmp_path / "r.jsonl"
     runner = FakeRunner(seconds_by_index)
     progress = tune(
-        task, FakeBuilder(broken=[0]), runner, n_trials=size, batch_size=5, records_path=path
+        task,
+        FakeBuilder(broken=[0]),
+        runner,
+        TuneOptions(trials=size, batch_size=5, tuner="random"),
+        records=path,
     )
     assert progress.trials == size
     assert progress.best is not None and progress.best.config_index == size - 1
@@ -83,7 +89,7 @@ def test_a_space_where_nothing_builds_ends_with_a_clear_error() -> None:
             task,
             FakeBuilder(broken=range(len(task.space))),
             FakeRunner(seconds_by_index),
-            n_trials=10,
+            TuneOptions(trials=10, tuner="random"),
         )
 
 
@@ -111,11 +117,9 @@ def test_confirm_measures_the_top_configs_again_and_drops_a_lucky_one(tmp_path: 
         task,
         FakeBuilder(),
         runner,
-        n_trials=8,
-        batch_size=8,
+        TuneOptions(trials=8, batch_size=8, confirm=3),
         searcher=ListSearch(list(range(8))),
-        records_path=path,
-        confirm=3,
+        records=path,
     )
     assert progress.trials == 8  # confirmation rounds are not trials
     # the three fastest at first (7, 5 and 6 tie with 5: 5 comes first) ran twice more each
@@ -133,7 +137,11 @@ def test_confirm_measures_the_top_configs_again_and_drops_a_lucky_one(tmp_path: 
 def test_without_confirm_the_lucky_measurement_wins() -> None:
     """What `confirm` guards against: a single lucky run is taken at its word."""
     progress = tune(
-        Task(WL), FakeBuilder(), FakeRunner(LuckyOnce()), 8, 8, ListSearch(list(range(8)))
+        Task(WL),
+        FakeBuilder(),
+        FakeRunner(LuckyOnce()),
+        TuneOptions(trials=8, batch_size=8),
+        searcher=ListSearch(list(range(8))),
     )
     assert progress.best is not None and progress.best.config_index == 7
     assert progress.confirmations == []
@@ -178,7 +186,9 @@ class OverlapProbe:
     def close(self) -> None:
         pass
 
-    def run(self, artifacts: Sequence[Artifact]) -> list[MeasureResult]:
+    def run(
+        self, artifacts: Sequence[Artifact], references: Sequence[Reference | None] = ()
+    ) -> list[MeasureResult]:
         with self.cond:
             batch = len(self.overlapped) + 1
             self.overlapped.append(
@@ -195,11 +205,9 @@ def test_pipeline_builds_the_next_batch_while_this_one_is_measured(tmp_path: Pat
         Task(WL),
         probe,
         probe,
-        20,
-        4,
-        RandomSearch(space, seed=1),
-        records_path=path,
-        pipeline=True,
+        TuneOptions(trials=20, batch_size=4, pipeline=True),
+        searcher=RandomSearch(space, seed=1),
+        records=path,
     )
     # five batches of 4: batches 2..5 were built while 1..4 were measured; the last had none
     assert probe.builds == 5 and probe.overlapped == [True, True, True, True, False]
@@ -210,7 +218,13 @@ def test_pipeline_builds_the_next_batch_while_this_one_is_measured(tmp_path: Pat
 
 def test_without_pipeline_the_devices_wait_for_each_build() -> None:
     probe = OverlapProbe(wait_s=0.05)
-    tune(Task(WL), probe, probe, 8, 4, RandomSearch(len(Task(WL).space), seed=1))
+    tune(
+        Task(WL),
+        probe,
+        probe,
+        TuneOptions(trials=8, batch_size=4),
+        searcher=RandomSearch(len(Task(WL).space), seed=1),
+    )
     assert probe.builds == 2 and probe.overlapped == [False, False]
 
 
@@ -221,12 +235,9 @@ def test_pipeline_drops_the_batch_built_ahead_when_tuning_stops_early(tmp_path: 
         Task(WL),
         builder,
         FakeRunner(lambda art: 1.0),
-        64,
-        4,
-        RandomSearch(len(Task(WL).space), seed=2),
-        records_path=path,
-        early_stop=8,
-        pipeline=True,
+        TuneOptions(trials=64, batch_size=4, early_stop=8, pipeline=True),
+        searcher=RandomSearch(len(Task(WL).space), seed=2),
+        records=path,
     )
     assert progress.stop_reason == "no better candidate in 8 trials"
     assert progress.trials == 12 == len(list(rec.load(path)))  # 3 batches measured

@@ -10,7 +10,7 @@ import pytest
 
 from tuner import records as rec
 from tuner.measure import MeasureResult, Status
-from tuner.record_store import FileRecords, open_store
+from tuner.records import FileRecords, open_store
 
 WL = rec.Workload("matmul", (64, 64, 64))
 TARGET = "x86_64-avx512"

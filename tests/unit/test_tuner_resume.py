@@ -1,7 +1,7 @@
 """The tuning loop's resume, early stop, give-up and time accounting, with the fake runner.
 
 No sockets and no compiler: a fake builder makes artifacts whose bytes name their config index,
-and `tuner.runner.fake.FakeRunner` times them by a function of that index.
+and `tuner.measure.fake_runner.FakeRunner` times them by a function of that index.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ import pytest
 
 from compiler.artifact import Artifact, Entry
 from tuner import records as rec
-from tuner.builder import BuildResult
+from tuner.loop import TuningError, on_progress, tune
 from tuner.measure import MeasureResult, Status
-from tuner.record_store import FileRecords
-from tuner.runner.fake import FakeRunner
+from tuner.measure.builder import BuildResult
+from tuner.measure.fake_runner import FakeRunner
+from tuner.measure.runner import Reference
+from tuner.options import TuneOptions
+from tuner.records import FileRecords
 from tuner.search import RandomSearch
 from tuner.task import Task
-from tuner.tune import TuningError, tune
 
 WL = rec.Workload("matmul", (64, 64, 64))
 TARGET = "fake-target"
@@ -70,7 +72,9 @@ class InterruptingRunner(FakeRunner):
         self.interrupt_at = interrupt_at
         self.calls = 0
 
-    def run(self, artifacts: Sequence[Artifact]) -> list[MeasureResult]:
+    def run(
+        self, artifacts: Sequence[Artifact], references: Sequence[Reference | None] = ()
+    ) -> list[MeasureResult]:
         self.calls += 1
         if self.calls == self.interrupt_at:
             raise KeyboardInterrupt
@@ -89,7 +93,13 @@ def test_an_interrupted_run_resumes_without_remeasuring_and_ends_at_the_budget(
     store = FileRecords(tmp_path / "r.jsonl")
     first = InterruptingRunner(interrupt_at=3)
     with pytest.raises(KeyboardInterrupt):
-        tune(task, FakeBuilder(), first, n_trials=40, batch_size=5, records=store)
+        tune(
+            task,
+            FakeBuilder(),
+            first,
+            TuneOptions(trials=40, batch_size=5, tuner="random"),
+            records=store,
+        )
     kept = store.load()
     assert len(kept) == 10  # two whole batches; the one in flight is lost, nothing else
     before = {r.config_index for r in kept}
@@ -100,12 +110,10 @@ def test_an_interrupted_run_resumes_without_remeasuring_and_ends_at_the_budget(
         task,
         FakeBuilder(),
         second,
-        n_trials=40,
-        batch_size=5,
-        searcher=RandomSearch(len(task.space), seed=1),  # another order: overlaps would happen
+        TuneOptions(trials=40, batch_size=5, resume=True),
+        searcher=RandomSearch(len(task.space), seed=1),
         records=store,
-        resume=True,
-        on_batch=lambda p: seen.append(p.trials),
+        callbacks=[on_progress(lambda p: seen.append(p.trials))],
     )
     assert progress.resumed == 10 and progress.trials == 40 and progress.new_trials == 30
     assert not before & set(measured_indices(second))  # never re-measured
@@ -118,15 +126,26 @@ def test_an_interrupted_run_resumes_without_remeasuring_and_ends_at_the_budget(
 
 
 def test_resume_trains_the_model_searcher_on_records_it_never_asked_for(tmp_path: Path) -> None:
-    model_search = pytest.importorskip("tuner.model_search")
+    model_search = pytest.importorskip("tuner.search.xgb")
     task = Task(WL)
     store = FileRecords(tmp_path / "r.jsonl")
-    tune(task, FakeBuilder(), FakeRunner(faster_with_index), 12, batch_size=4, records=store)
+    tune(
+        task,
+        FakeBuilder(),
+        FakeRunner(faster_with_index),
+        TuneOptions(trials=12, batch_size=4, tuner="random"),
+        records=store,
+    )
     earlier = {r.config_index for r in store.load()}
-    searcher = model_search.ModelSearcher(task.space, flop=task.flop, seed=0, min_ok=4)
+    searcher = model_search.XGBSearcher(task.space, flop=task.flop, seed=0, min_ok=4)
     runner = FakeRunner(faster_with_index)
     progress = tune(
-        task, FakeBuilder(), runner, 24, batch_size=4, searcher=searcher, records=store, resume=True
+        task,
+        FakeBuilder(),
+        runner,
+        TuneOptions(trials=24, batch_size=4, resume=True),
+        searcher=searcher,
+        records=store,
     )
     assert progress.resumed == 12 and progress.trials == 24
     assert searcher.n_ok >= 12
@@ -152,7 +171,11 @@ def test_resume_uses_only_this_target_and_this_space(tmp_path: Path) -> None:
         ]
     )
     progress = tune(
-        task, FakeBuilder(), FakeRunner(faster_with_index), 6, 3, records=store, resume=True
+        task,
+        FakeBuilder(),
+        FakeRunner(faster_with_index),
+        TuneOptions(trials=6, batch_size=3, resume=True, tuner="random"),
+        records=store,
     )
     assert progress.resumed == 1 and progress.trials == 6
     assert progress.best is not None and progress.best.config_index == 0  # its 1 ns stays best
@@ -164,11 +187,9 @@ def test_early_stop_ends_the_run_after_n_trials_without_improvement(tmp_path: Pa
     progress = tune(
         task,
         FakeBuilder(),
-        FakeRunner(lambda art: 1.0),  # the first OK candidate is never beaten
-        n_trials=100,
-        batch_size=3,
+        FakeRunner(lambda art: 1.0),
+        TuneOptions(trials=100, batch_size=3, early_stop=7, tuner="random"),
         records=store,
-        early_stop=7,
     )
     # best at trial 1; 7 more trials without improvement are done after the third batch
     assert progress.trials == 9 and progress.best_at == 1
@@ -186,10 +207,8 @@ def test_early_stop_counts_from_the_latest_improvement() -> None:
         task,
         FakeBuilder(),
         FakeRunner(improving_until_10),
-        n_trials=100,
-        batch_size=2,
+        TuneOptions(trials=100, batch_size=2, early_stop=4),
         searcher=InOrder(),
-        early_stop=4,
     )
     # configs 0..10 keep improving; 11.. do not: best at trial 11, stop once 4 more are done
     assert progress.best_at == 11 and progress.trials == 16
@@ -216,7 +235,7 @@ def test_a_template_whose_every_config_fails_ends_after_two_batches() -> None:
     builder = FakeBuilder(broken=range(len(task.space)))
     runner = FakeRunner(faster_with_index)
     with pytest.raises(TuningError) as info:
-        tune(task, builder, runner, n_trials=1000, batch_size=4)
+        tune(task, builder, runner, TuneOptions(trials=1000, batch_size=4, tuner="random"))
     message = str(info.value)
     assert builder.calls == 2 and runner.measured == []  # not the whole budget of 1000
     assert "in the first 8 trials (2 batches); giving up" in message
@@ -229,15 +248,32 @@ def test_runtime_failures_everywhere_also_end_early_naming_the_cause() -> None:
         raise RuntimeError("kernel wrote out of bounds")
 
     with pytest.raises(TuningError, match=r"6x RUNTIME_ERROR: kernel wrote out of bounds"):
-        tune(Task(WL), FakeBuilder(), FakeRunner(crash), n_trials=500, batch_size=3)
+        tune(
+            Task(WL),
+            FakeBuilder(),
+            FakeRunner(crash),
+            TuneOptions(trials=500, batch_size=3, tuner="random"),
+        )
 
 
 def test_failures_after_a_resumed_success_do_not_give_up(tmp_path: Path) -> None:
     task = Task(WL)
     store = FileRecords(tmp_path / "r.jsonl")
-    tune(task, FakeBuilder(), FakeRunner(faster_with_index), 4, batch_size=4, records=store)
+    tune(
+        task,
+        FakeBuilder(),
+        FakeRunner(faster_with_index),
+        TuneOptions(trials=4, batch_size=4, tuner="random"),
+        records=store,
+    )
     broken = FakeBuilder(broken=range(len(task.space)))
-    progress = tune(task, broken, FakeRunner(faster_with_index), 16, 4, records=store, resume=True)
+    progress = tune(
+        task,
+        broken,
+        FakeRunner(faster_with_index),
+        TuneOptions(trials=16, batch_size=4, resume=True, tuner="random"),
+        records=store,
+    )
     assert progress.trials == 16 and progress.errors == 12 and broken.calls == 3
 
 
@@ -259,7 +295,11 @@ def test_time_accounting_takes_the_searchers_model_seconds() -> None:
     task = Task(WL)
     searcher = CountingSearch(len(task.space))
     progress = tune(
-        task, FakeBuilder(), FakeRunner(faster_with_index), 12, batch_size=4, searcher=searcher
+        task,
+        FakeBuilder(),
+        FakeRunner(faster_with_index),
+        TuneOptions(trials=12, batch_size=4),
+        searcher=searcher,
     )
     assert searcher.asks == 3 and progress.model_s == pytest.approx(0.75)
     assert progress.model_share == pytest.approx(progress.model_s / progress.wall_s)
@@ -269,15 +309,20 @@ def test_time_accounting_takes_the_searchers_model_seconds() -> None:
 
 def test_resume_without_a_store_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="resume needs a records store"):
-        tune(Task(WL), FakeBuilder(), FakeRunner(faster_with_index), 4, resume=True)
+        tune(
+            Task(WL),
+            FakeBuilder(),
+            FakeRunner(faster_with_index),
+            TuneOptions(trials=4, resume=True, tuner="random"),
+        )
 
 
 def test_resume_judges_a_config_measured_again_by_its_upper_median() -> None:
     from dataclasses import replace
 
+    from tuner.loop import resumable_records
     from tuner.measure import MeasureResult, Status
     from tuner.task import Task
-    from tuner.tune import resumable_records
 
     task = Task(rec.Workload("matmul", (64, 64, 64)))
     size = len(task.space)

@@ -1,0 +1,188 @@
+"""The Python API: tune an operator or a network on a pool, build it, run it, read the records.
+
+    import kiln
+    with kiln.Pool() as pool:                                   # local tracker + agent
+        best = kiln.tune_op(pool, "dense", (256, 256, 256), trials=16).best
+    print(best.gflops, best.knobs)
+
+XGBoost-guided search and the on-device correctness check are on by default (`TuneOptions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kiln.pool import Pool
+from tuner.loop import Callback, TuneProgress, tune
+from tuner.measure.builder import Builder, LocalBuilder
+from tuner.measure.result import EvaluatorConfig
+from tuner.options import TuneOptions
+from tuner.records import RecordStore, Workload, open_store
+from tuner.task import Task
+
+if TYPE_CHECKING:
+    from compiler.graph.build_model import ModelArtifact
+    from compiler.graph.ir import Graph
+    from tuner.network.run import ModelRun
+    from tuner.network.tune import ModelTuneResult, ModelTuneStep
+
+# Short names for templates whose registered names carry their layout.
+OP_ALIASES = {"conv2d": "conv2d_nchwc", "conv2d_1x1": "conv2d_1x1_nchwc"}
+
+
+def open_records(spec: str | os.PathLike[str]) -> RecordStore:
+    """The records store at a JSON-lines path or a `redis://` / `rediss://` URL (close it)."""
+    return open_store(spec)
+
+
+def op_task(op: str, shape: Sequence[int], dtype: str = "float32") -> Task:
+    """The tuning task of `op` (a template name or alias) at `shape`.
+
+    Raises:
+        ValueError: an unknown op, or a shape the template cannot take (the message says which).
+    """
+    name = OP_ALIASES.get(op, op)
+    task = Task(Workload(name, tuple(int(d) for d in shape), dtype))
+    try:
+        len(task.space)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    except ValueError as exc:
+        alias = f" ({op} is {name})" if name != op else ""
+        raise ValueError(f"{exc}{alias}") from None
+    return task
+
+
+def _options(options: TuneOptions | None, trials: int | None) -> TuneOptions:
+    options = options or TuneOptions()
+    return options if trials is None else dataclasses.replace(options, trials=trials)
+
+
+def tune_op(
+    pool: Pool,
+    op: str,
+    shape: Sequence[int],
+    *,
+    trials: int | None = None,
+    records: RecordStore | str | os.PathLike[str] | None = None,
+    options: TuneOptions | None = None,
+    evaluator: EvaluatorConfig | None = None,
+    builder: Builder | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> TuneProgress:
+    """Tune one operator on `pool`'s devices; the progress holds the best record.
+
+    Args:
+        trials: the budget (overrides `options.trials`).
+        records: a store, a JSON-lines path or a Redis URL every batch is appended to.
+        options: search, confirmation, resume and check settings (default `TuneOptions()`).
+        evaluator: how the device times each candidate.
+        builder: what builds candidates (default: a LocalBuilder for the pool's target).
+        callbacks: called after every batch with the progress and the batch's records.
+
+    Raises:
+        ValueError: an unknown op or bad shape; TuningError: no candidate worked.
+    """
+    task = op_task(op, shape)
+    opts = _options(options, trials)
+    own = builder is None
+    builder = builder or LocalBuilder(target=pool.target, workers=2, per_unit=4, check=opts.check)
+    try:
+        return tune(
+            task,
+            builder,
+            pool.runner(evaluator),
+            opts,
+            records=records,
+            callbacks=callbacks,
+        )
+    finally:
+        if own:
+            builder.close()
+
+
+def tune_network(
+    pool: Pool,
+    model: Graph | str | os.PathLike[str],
+    *,
+    trials: int | None = None,
+    records: RecordStore | str | os.PathLike[str] | None = None,
+    options: TuneOptions | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    evaluator: EvaluatorConfig | None = None,
+    builder: Builder | None = None,
+    on_batch: Callable[[ModelTuneStep], None] | None = None,
+) -> ModelTuneResult:
+    """Tune every task of a network (an ONNX file or an imported graph) within one budget.
+
+    `trials` is the whole network's budget; `options.early_stop` retires a task after that
+    many trials without a better candidate.
+    """
+    from tuner.network.tune import tune_network as _tune_network
+
+    opts = _options(options, trials)
+    store = open_store(records) if isinstance(records, str | os.PathLike) else records
+    own = builder is None
+    builder = builder or LocalBuilder(target=pool.target, workers=2, per_unit=4, check=opts.check)
+    try:
+        return _tune_network(
+            model,
+            builder,
+            pool.runner(evaluator),
+            opts,
+            store=store,
+            input_shapes=input_shapes,
+            on_batch=on_batch,
+        )
+    finally:
+        if own:
+            builder.close()
+        if store is not None and store is not records:
+            store.close()
+
+
+def build(
+    model: Graph | str | os.PathLike[str],
+    records: RecordStore | str | os.PathLike[str] | None = None,
+    *,
+    target: str = "host",
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> ModelArtifact:
+    """Compile a network with the best recorded config of each task (defaults without records)."""
+    from compiler.frontend.onnx import load_onnx
+    from compiler.graph.build_model import build_model
+    from compiler.graph.ir import Graph
+    from tuner.network.tune import configs_from_records
+
+    graph = model if isinstance(model, Graph) else load_onnx(model, input_shapes)
+    configs = None
+    if records is not None:
+        store = open_store(records) if isinstance(records, str | os.PathLike) else records
+        try:
+            configs = configs_from_records(graph, store, target)
+        finally:
+            if store is not records:
+                store.close()
+    return build_model(graph, configs, target)
+
+
+def run(
+    pool: Pool,
+    model: ModelArtifact | str | os.PathLike[str],
+    inputs: Mapping[str, np.ndarray],
+    *,
+    repeat: int = 5,
+) -> ModelRun:
+    """Run a built network on one of `pool`'s devices: its outputs and native latency."""
+    from compiler.graph.build_model import ModelArtifact
+    from tuner.network.run import run_model
+
+    artifact = model if isinstance(model, ModelArtifact) else ModelArtifact.load(Path(model))
+    feeds = {s.name: np.asarray(inputs[s.name]).astype(s.dtype) for s in artifact.inputs}
+    return run_model(artifact, feeds, pool.runner(EvaluatorConfig(repeat=repeat)))

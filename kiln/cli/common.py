@@ -1,0 +1,324 @@
+"""What the `kiln` commands share: flag groups (defined once), argument parsers, and the path
+from flags to a pool, a builder and tuning options.
+
+Nothing heavy is imported at module level: `kiln --help` must answer in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kiln.cli.errors import CliError
+
+if TYPE_CHECKING:
+    from kiln.pool import Pool
+    from protos.auth import TlsFiles
+    from tuner.measure.builder import LocalBuilder
+    from tuner.measure.result import EvaluatorConfig
+    from tuner.options import TuneOptions
+    from tuner.records import RecordStore
+
+TUNERS = ("xgb", "random")  # tuner.search.TUNERS, named here without importing the tuner
+CONFIRM_TOP = 4  # tuner.options.CONFIRM_TOP
+
+
+class ExamplesFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the usage examples of a command's description laid out as written."""
+
+
+def shape(text: str) -> tuple[int, ...]:
+    """A comma-separated shape: "512,512,512"."""
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"shape must be comma-separated integers, got {text!r}"
+        ) from None
+    if not dims or any(d < 0 for d in dims):
+        # 0 passes here: a conv's pad may be 0; the template says which fields must be positive.
+        raise argparse.ArgumentTypeError(f"no dimension may be negative, got {text!r}")
+    return dims
+
+
+def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """NAME=D,D,...: the static shape of a model input."""
+    name, sep, dims = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"want NAME=D,D,..., got {text!r}")
+    return name, shape(dims)
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"want a positive number of seconds, got {text!r}")
+    return value
+
+
+def tags(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise CliError.usage(f"--tag wants k=v, got {item!r}")
+        out[k] = v
+    return out
+
+
+# -- flag groups ----------------------------------------------------------------------------
+def add_security_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("security")
+    g.add_argument("--token-file", help="pool secrets file; its client token goes with every call")
+    g.add_argument("--tls-ca", help="PEM CA that signed the tracker's and agents' certificates")
+    g.add_argument("--tls-cert", help="PEM client certificate (mutual TLS)")
+    g.add_argument("--tls-key", help="PEM key of --tls-cert")
+
+
+def add_pool_args(p: argparse.ArgumentParser, local_devices: bool = True) -> None:
+    g = p.add_argument_group("pool")
+    g.add_argument("--tracker", default="", help="HOST:PORT; omitted: start a local pool")
+    g.add_argument("--key", default="", help="device key to lease (required with --tracker)")
+    g.add_argument(
+        "--tag", action="append", default=[], metavar="K=V", help="a tag the device must carry"
+    )
+    if local_devices:
+        g.add_argument(
+            "--devices",
+            type=int,
+            default=1,
+            help="measure on up to N leased devices at once (a local pool starts N devices)",
+        )
+    add_security_args(p)
+
+
+def add_target_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        default=None,
+        help="what to compile for; default: what the leased device runs (its tags), e.g. "
+        "host (this machine, -march=native), x86_64-avx2, aarch64-neon",
+    )
+
+
+def add_tuning_args(p: argparse.ArgumentParser, early_stop_default: int | None = None) -> None:
+    """Search, budget, records, build and measurement flags of `tune-op`, `tune` and `demo`."""
+    s = p.add_argument_group("search")
+    s.add_argument("--trials", type=int, default=64, help="trial budget (resumed ones count)")
+    s.add_argument("--batch", type=int, default=8, help="candidates built and measured together")
+    s.add_argument("--seed", type=int, default=0, help="seeds the searcher")
+    s.add_argument(
+        "--tuner",
+        choices=TUNERS,
+        default="xgb",
+        help="xgb: cost-model-guided simulated annealing (default); random: random search",
+    )
+    s.add_argument(
+        "--early-stop",
+        type=int,
+        default=early_stop_default,
+        metavar="N",
+        help="stop after N trials without a better candidate"
+        + (f" (per task; default {early_stop_default})" if early_stop_default else ""),
+    )
+    s.add_argument(
+        "--confirm",
+        type=int,
+        default=CONFIRM_TOP,
+        metavar="K",
+        help=f"measure the K fastest configs again at the end and keep the one that holds its "
+        f"speed (default {CONFIRM_TOP}; 0: off)",
+    )
+    s.add_argument(
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compare every candidate's outputs with a reference kernel on the device; a wrong "
+        "answer never becomes the best (default: on)",
+    )
+    r = p.add_argument_group("records")
+    r.add_argument(
+        "--records",
+        default=None,
+        metavar="PATH|URL",
+        help="append records to this JSON-lines file or redis://host:port/db[?prefix=P]",
+    )
+    r.add_argument(
+        "--transfer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --tuner xgb and --records: let a model trained on the records of other "
+        "workloads of this target pick the first candidates (default: on)",
+    )
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the --records of this workload and target: never re-measure them",
+    )
+    b = p.add_argument_group("build")
+    add_target_arg(b)  # type: ignore[arg-type]
+    b.add_argument("--build-workers", type=int, default=2, help="build processes")
+    b.add_argument(
+        "--per-unit", type=int, default=4, help="candidates compiled together in one gcc call"
+    )
+    b.add_argument(
+        "--pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="build the next batch while this one is measured (default: on; a local pool's "
+        "devices then get cores of their own and the builds the others)",
+    )
+    add_measure_args(p)
+
+
+def add_measure_args(p: argparse.ArgumentParser, repeat: int = 3) -> None:
+    m = p.add_argument_group("measurement")
+    m.add_argument("--repeat", type=int, default=repeat, help=f"timed repeats (default {repeat})")
+    m.add_argument(
+        "--min-repeat-ms", type=float, default=20.0, help="grow a repeat's calls to this long"
+    )
+    m.add_argument(
+        "--timeout-s", type=float, default=30.0, help="per-measurement limit on the device"
+    )
+
+
+# -- from flags to objects ------------------------------------------------------------------
+def credentials(args: argparse.Namespace) -> TlsFiles | None:
+    """The TLS files of the security flags (checked to exist; the token file is read, and
+    named when unreadable, where it is used)."""
+    from protos.auth import TlsFiles
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise CliError.usage("a TLS client certificate needs both --tls-cert and --tls-key")
+    for flag, path in (
+        ("--tls-ca", args.tls_ca),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if path and not Path(path).is_file():
+            raise CliError.usage(f"{flag} {path}: no such file")
+    tls = TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    return tls if tls.enabled else None
+
+
+def tune_options(args: argparse.Namespace) -> TuneOptions:
+    """The TuneOptions of the search flags; a bad value is a usage error."""
+    from tuner.options import TuneOptions
+
+    for flag in ("trials", "batch", "devices", "per_unit", "build_workers"):
+        if getattr(args, flag, 1) < 1:
+            raise CliError.usage(
+                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
+            )
+    if args.confirm < 0:
+        raise CliError.usage(f"--confirm must be >= 0, got {args.confirm}")
+    if args.early_stop is not None and args.early_stop < 1:
+        raise CliError.usage(f"--early-stop must be >= 1, got {args.early_stop}")
+    if args.resume and not args.records:
+        raise CliError.usage("--resume needs --records (the file or database to resume from)")
+    check_target_name(getattr(args, "target", None))
+    return TuneOptions(
+        trials=args.trials,
+        batch_size=args.batch,
+        tuner=args.tuner,
+        seed=args.seed,
+        transfer=args.transfer,
+        early_stop=args.early_stop,
+        confirm=args.confirm,
+        resume=args.resume,
+        pipeline=args.pipeline,
+        check=args.check,
+    )
+
+
+def check_target_name(target: str | None) -> None:
+    """A usage error for a target the compiler does not know (before any pool is started)."""
+    from compiler.toolchain import BuildError, get_target
+
+    if target is not None:
+        try:
+            get_target(target)
+        except BuildError as exc:
+            raise CliError.usage(f"--target: {exc}") from None
+
+
+def evaluator(args: argparse.Namespace) -> EvaluatorConfig:
+    from tuner.measure.result import EvaluatorConfig
+
+    if args.repeat < 1:
+        raise CliError.usage(f"--repeat must be >= 1, got {args.repeat}")
+    return EvaluatorConfig(
+        repeat=args.repeat,
+        min_repeat_ms=getattr(args, "min_repeat_ms", 20.0),
+        timeout_s=getattr(args, "timeout_s", 30.0),
+    )
+
+
+def open_records(spec: str | None, must_exist: bool = False) -> RecordStore | None:
+    from tuner.records import is_redis_url, open_store
+
+    if spec is None:
+        return None
+    if not is_redis_url(spec):
+        if must_exist and not Path(spec).is_file():
+            raise CliError.usage(f"--records {spec}: no such file")
+        if not Path(spec).resolve().parent.is_dir():
+            raise CliError.usage(f"--records {spec}: directory {Path(spec).parent} does not exist")
+    try:
+        return open_store(spec)
+    except ValueError as exc:
+        raise CliError.usage(str(exc)) from None
+
+
+def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> Pool:
+    """The pool of `--tracker`/`--key`/`--tag` (a local one without --tracker), entered on `stack`.
+
+    With `pin` (pipelined tuning on a local pool) and more cores than devices, each local
+    device gets a core of its own (the last ones) and `args.build_cpus` the others, so builds
+    running beside a measurement do not disturb it.
+    """
+    from kiln.pool import Pool
+
+    tls = credentials(args)
+    if args.tracker and not args.key:
+        raise CliError.usage("--key is required with --tracker")
+    devices = getattr(args, "devices", 1)
+    pins: tuple[int, ...] = ()
+    args.build_cpus = ()
+    if not args.tracker and pin:
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) > devices:
+            pins = tuple(allowed[-devices:])
+            args.build_cpus = tuple(allowed[:-devices])
+    pool = Pool(
+        args.tracker or None,
+        key=args.key,
+        tags=tags(args.tag),
+        token_file=args.token_file,
+        tls=tls,
+        devices=devices,
+        pin_cores=pins,
+        target=getattr(args, "target", None),
+    )
+    stack.enter_context(pool)
+    print(f"pool: {pool.describe()}", file=sys.stderr)
+    return pool
+
+
+def builder(args: argparse.Namespace, pool: Pool, check: bool) -> LocalBuilder:
+    """The local builder of the build flags, for the pool's target (close it)."""
+    from tuner.measure.builder import LocalBuilder
+
+    cpus = getattr(args, "build_cpus", ())
+    workers = min(args.build_workers, len(cpus)) if cpus else args.build_workers
+    return LocalBuilder(
+        target=pool.target, workers=workers, per_unit=args.per_unit, cpus=cpus, check=check
+    )

@@ -1,0 +1,293 @@
+"""`kiln tune MODEL.onnx`, `kiln build MODEL.onnx`, `kiln run MODEL_DIR`: a whole network.
+
+`kiln tune` takes the flags of `kiln tune-op` (pool, budget, search, records, resume, target,
+measurement); `--trials` is the budget of the whole network, handed out by the task scheduler,
+and `--early-stop N` retires a task after N trials without a better candidate. It ends with a
+per-task table and the estimated network latency (sum of weight x best latency).
+`kiln build` writes the model artifact (model.so, params.npz, model.json) with the best recorded
+config of each task, and the builder's default config for tasks without records.
+`kiln run` runs a built model on a device of its target (the packed `kiln_model` entry, params
+embedded), checks its outputs against onnxruntime with `--check`, and prints the native latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kiln.cli import common, table
+from kiln.cli.errors import CliError
+
+if TYPE_CHECKING:
+    from compiler.graph.ir import Graph
+    from tuner.network.tune import ModelTuneResult, ModelTuneStep
+
+EXAMPLES = """examples:
+  kiln tune net.onnx --trials 512 --records r.jsonl                # a local pool
+  kiln tune net.onnx --tracker HOST:PORT --key x86 --token-file pool.secrets \\
+      --trials 2000 --records r.jsonl --resume --input-shape x=1,3,224,224
+  kiln build net.onnx --records r.jsonl -o net.kiln
+  kiln run net.kiln --input x.npy --check net.onnx --output y.npy    # a local pool
+"""
+
+# Per task: a task that has not improved in this many trials gives its share to others
+# (BERT-tiny's dense tasks went 1,700 trials without a gain without it).
+NETWORK_EARLY_STOP = 200
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `tune`, `build` and `run` to the `kiln` subcommands."""
+    t = sub.add_parser(
+        "tune",
+        help="tune every task of an ONNX model on a pool (a local one if no --tracker)",
+        epilog=EXAMPLES,
+        formatter_class=common.ExamplesFormatter,
+    )
+    t.add_argument("model", help="the .onnx file")
+    _add_shape_arg(t)
+    common.add_pool_args(t)
+    common.add_tuning_args(t, early_stop_default=NETWORK_EARLY_STOP)
+    t.set_defaults(func=cmd_tune)
+
+    b = sub.add_parser("build", help="compile an ONNX model with the best configs of --records")
+    b.add_argument("model", help="the .onnx file")
+    b.add_argument("--records", required=True, metavar="PATH|URL", help="records of `kiln tune`")
+    b.add_argument("-o", "--output", required=True, help="directory to write the artifact into")
+    b.add_argument(
+        "--target", default="host", help="what to compile for: host (default) or a named target"
+    )
+    _add_shape_arg(b)
+    b.set_defaults(func=cmd_build)
+
+    r = sub.add_parser(
+        "run", help="run a built model on a device of the pool (a local one if no --tracker)"
+    )
+    r.add_argument("model", help="the directory `kiln build` wrote")
+    r.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="[NAME=]X.npy",
+        help="a model input; without NAME=, the next input in model order (repeatable)",
+    )
+    r.add_argument("--output", default=None, help=".npy for one output (.npz with several)")
+    r.add_argument("--check", default=None, metavar="MODEL.onnx", help="compare with onnxruntime")
+    r.add_argument("--repeat", type=int, default=5, help="latency samples (default 5)")
+    common.add_pool_args(r, local_devices=False)
+    r.set_defaults(func=cmd_run)
+
+
+def _add_shape_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--input-shape",
+        type=common.input_shape,
+        action="append",
+        default=[],
+        metavar="NAME=D,D,...",
+        help="static shape of a model input with symbolic dims, e.g. x=1,3,224,224 (repeatable)",
+    )
+
+
+def _load(args: argparse.Namespace) -> Graph:
+    from compiler.frontend.onnx import load_onnx  # onnx is slow to import; only these need it
+    from compiler.graph.ir import GraphError
+
+    try:
+        return load_onnx(args.model, dict(args.input_shape))
+    except GraphError as exc:
+        hint = " (give it with --input-shape NAME=D,D,...)" if "symbolic" in str(exc) else ""
+        raise CliError(f"{exc}{hint}") from None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}" if math.isfinite(seconds) else "-"
+
+
+def _progress(step: ModelTuneStep) -> None:
+    a = step.allocation
+    task_best = _ms(step.task_best_s) if step.task_best_s is not None else "-"
+    print(
+        f"[{step.trials}/{step.total_trials}] {a.task} ({a.reason}): {a.trials} trials, "
+        f"{a.failures} failed; task best {task_best} ms; est. model {_ms(step.estimated_s)} ms",
+        file=sys.stderr,
+    )
+
+
+def report(result: ModelTuneResult) -> str:
+    """The per-task table, the tasks not tuned and the estimated model latency."""
+    rows = [
+        [
+            t.name,
+            str(t.weight),
+            f"{t.trials} ({t.resumed} resumed)" if t.resumed else str(t.trials),
+            f"{t.best_gflops:.1f}" if t.best else "-",
+            _ms(t.estimated_s),
+            t.status,
+        ]
+        for t in result.tasks
+    ]
+    lines = [table.render(["task", "weight", "trials", "best GFLOP/s", "est. ms", "status"], rows)]
+    lines += [f"not tuned: {s.anchor_op} x{s.weight}: {s.note}" for s in result.skipped]
+    lines.append(
+        f"estimated latency: {_ms(result.estimated_s)} ms (sum of weight x best over "
+        f"{len(result.tasks)} tasks) after {result.trials} trials on {result.target}"
+    )
+    if result.schedule.stop_reason not in ("", "budget"):
+        lines.append(f"stopped before the budget: {result.schedule.stop_reason}")
+    return "\n".join(lines)
+
+
+def tune_network_from_args(
+    args: argparse.Namespace, graph: Graph, stack: ExitStack
+) -> tuple[ModelTuneResult, str]:
+    """Tune `graph` as the flags say (`kiln tune` and `kiln demo`), progress on stderr; the
+    result and the target its records are for. The pool, builder and store live on `stack`."""
+    from tuner.network.tune import tune_network
+
+    options = common.tune_options(args)
+    store = common.open_records(args.records)
+    if store is not None:
+        stack.callback(store.close)
+    pool = common.open_pool(args, stack, pin=args.pipeline)
+    builder = common.builder(args, pool, check=args.check)
+    stack.callback(builder.close)
+    runner = pool.runner(common.evaluator(args))
+    args.pool = pool
+    try:
+        result = tune_network(graph, builder, runner, options, store=store, on_batch=_progress)
+    except KeyboardInterrupt:
+        if store is not None:
+            print(
+                f"kiln: stopped; the records so far are in {store}; run again with --resume "
+                "to continue",
+                file=sys.stderr,
+            )
+        raise
+    return result, pool.target
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    common.tune_options(args)  # bad flags fail before the model is read
+    graph = _load(args)
+    with ExitStack() as stack:
+        result, _ = tune_network_from_args(args, graph, stack)
+    print(report(result))
+    if result.tasks and all(t.best is None for t in result.tasks):
+        raise CliError(f"no task of {args.model} has a working candidate")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from compiler.errors import CompilerError
+    from compiler.graph.build_model import build_model
+    from compiler.graph.ir import GraphError
+    from compiler.toolchain import BuildError, get_target
+    from tuner.network.tune import configs_from_records, model_tasks
+
+    try:
+        get_target(args.target)
+    except BuildError as exc:
+        raise CliError.usage(f"--target: {exc}") from None
+    store = common.open_records(args.records, must_exist=True)
+    assert store is not None
+    graph = _load(args)
+    try:
+        configs = configs_from_records(graph, store, args.target)
+    finally:
+        store.close()
+    tunable, skipped = model_tasks(graph)
+    try:
+        artifact = build_model(graph, configs, args.target)
+    except (GraphError, CompilerError) as exc:
+        raise CliError(f"building {args.model}: {exc}") from None
+    out = artifact.save(args.output)
+    print(artifact.summary)
+    print(
+        f"wrote {out}: {len(configs)} of {len(tunable)} tunable tasks tuned from {args.records}, "
+        f"{len(tunable) - len(configs)} with default configs, {len(skipped)} not tunable"
+    )
+    return 0
+
+
+def _feeds(args: argparse.Namespace, names: list[str]) -> dict[str, np.ndarray]:
+    """The --input arrays by input name (unnamed ones fill the model's inputs in order)."""
+    feeds: dict[str, np.ndarray] = {}
+    unnamed = iter(n for n in names)
+    for item in args.input:
+        name, sep, path = item.rpartition("=")
+        if not sep:
+            name = next((n for n in unnamed if n not in feeds), "")
+            if not name:
+                raise CliError.usage(f"--input {item}: the model has only inputs {names}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise CliError.usage(f"--input {item}: cannot read {path}: {exc}") from None
+    return feeds
+
+
+def _reference(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in sess.run(None, feeds)]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from compiler.graph.build_model import ModelArtifact
+    from tuner.measure.pool_runner import NoDeviceError
+    from tuner.measure.result import EvaluatorConfig
+    from tuner.network.run import ModelRunError, check_feeds, run_model
+
+    if args.repeat < 1:
+        raise CliError.usage(f"--repeat must be >= 1, got {args.repeat}")
+    if not (Path(args.model) / "model.json").is_file():
+        raise CliError.usage(f"{args.model}: not a model directory (no model.json)")
+    if args.check and not Path(args.check).is_file():
+        raise CliError.usage(f"--check {args.check}: no such file")
+    model = ModelArtifact.load(args.model)
+    feeds = _feeds(args, [s.name for s in model.inputs])
+    try:
+        check_feeds(model.inputs, feeds)  # before a local pool starts: bad input fails fast
+    except ModelRunError as exc:
+        raise CliError(str(exc)) from None
+    # as the model takes them (onnxruntime wants the model's dtypes too)
+    feeds = {s.name: np.asarray(feeds[s.name]).astype(s.dtype) for s in model.inputs}
+    with ExitStack() as stack:
+        args.target = model.artifact.target
+        pool = common.open_pool(args, stack)
+        runner = pool.runner(EvaluatorConfig(repeat=args.repeat))
+        try:
+            result = run_model(model, feeds, runner)
+        except (ModelRunError, NoDeviceError) as exc:
+            raise CliError(str(exc)) from None
+    if args.output:
+        if len(result.outputs) == 1:
+            np.save(args.output, result.outputs[0])
+        else:
+            named = dict(zip((s.name for s in model.outputs), result.outputs, strict=True))
+            np.savez(args.output, **named)  # type: ignore[arg-type]
+    lat = result.latency
+    rows = [[f"{i}", _ms(s)] for i, s in enumerate(lat.samples_s)]
+    print(table.render(["repeat", "ms"], rows))
+    if not lat.ok:
+        raise CliError(f"timing on {result.device_id} failed: {lat.status.value}: {lat.error}")
+    print(f"latency: {_ms(lat.median_s)} ms median of {len(lat.samples_s)} on {result.device_id}")
+    if args.check:
+        want = _reference(args.check, feeds)
+        for spec, got, ref in zip(model.outputs, result.outputs, want, strict=True):
+            scale = float(np.abs(ref).max()) if ref.size else 0.0
+            err = float(np.abs(got.astype(np.float64) - ref).max()) if ref.size else 0.0
+            if got.shape != ref.shape or err > 1e-4 * max(scale, 1e-30):
+                raise CliError(
+                    f"output {spec.name!r} differs from onnxruntime: max abs error {err:.3g} "
+                    f"(scale {scale:.3g}, shape {list(got.shape)} vs {list(ref.shape)})"
+                )
+        print(f"check: {len(want)} output(s) match onnxruntime (rel 1e-4)")
+    return 0

@@ -1,0 +1,171 @@
+"""`kiln.Pool`: a pool of devices to tune on, a tracker's or a local one started for the session.
+
+    with kiln.Pool() as pool:                                  # a local tracker + agent
+        ...
+    with kiln.Pool("tracker:9190", key="x86", token_file="pool.secrets") as pool:
+        ...
+
+On entering, the pool lists the tracker's devices that match `key` and `tags`: none at all is a
+NoDeviceError at once (a mistyped key fails before anything is built), and the first match's
+tags decide the compile target (`tuner.measure.device_target`); `target=` overrides it, and a
+target those devices cannot run is a TargetError naming both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from protos import tracker_pb2
+from protos.auth import TlsFiles
+from protos.rpc_errors import explain_rpc_error
+from tuner.measure.device_target import check_target, device_target
+from tuner.measure.local_pool import LocalPool
+from tuner.measure.pool_runner import NoDeviceError, PoolConfig, PoolRunner
+from tuner.measure.result import EvaluatorConfig
+from tuner.measure.tracker_client import TrackerClient, read_client_token
+
+
+class Pool:
+    """Devices leased from a tracker (`tracker="host:port"`) or from a local pool (None).
+
+    Args:
+        tracker: HOST:PORT of a tracker; None starts a local tracker and agent on 127.0.0.1.
+        key: the device key to lease (required with a tracker).
+        tags: k=v every leased device must carry.
+        token_file: the pool's secrets file (its client token goes with every call).
+        tls: the CA (and client certificate) of a pool run with TLS.
+        devices: how many devices to measure on at once (a local pool starts that many).
+        pin_cores: a local pool's device cores (see LocalPool); the builds get the others.
+        target: the compile target; None lets the devices decide.
+
+    Raises (on entering):
+        NoDeviceError: no registered device matches the key and tags.
+        TargetError: `target` cannot run on the matching devices.
+    """
+
+    def __init__(
+        self,
+        tracker: str | None = None,
+        key: str = "",
+        tags: Mapping[str, str] | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        tls: TlsFiles | None = None,
+        devices: int = 1,
+        pin_cores: tuple[int, ...] = (),
+        target: str | None = None,
+    ) -> None:
+        if tracker and not key:
+            raise ValueError("a key is required with a tracker")
+        if devices < 1:
+            raise ValueError(f"devices must be >= 1, got {devices}")
+        self.tracker = tracker
+        self.key = key
+        self.tags = dict(tags or {})
+        self.token_file = token_file
+        self.tls = tls
+        self.devices = devices
+        self.pin_cores = pin_cores
+        self.requested_target = target
+        self.local: LocalPool | None = None
+        self.config: PoolConfig | None = None
+        self.device_tags: dict[str, str] = {}
+        self.target = target or "host"
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Pool:
+        try:
+            self.open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Start the local pool or reach the tracker, and settle the target (see the class)."""
+        if self.tracker:
+            token = read_client_token(str(self.token_file)) if self.token_file else None
+            self.config = PoolConfig(
+                tracker=self.tracker, key=self.key, tags=self.tags, token=token, tls=self.tls
+            )
+        else:
+            self.local = self._stack.enter_context(
+                LocalPool(devices=self.devices, pin_cores=self.pin_cores)
+            )
+            self.key = self.local.key
+            self.config = PoolConfig(
+                tracker=self.local.tracker_address,
+                key=self.local.key,
+                tags=self.tags,
+                token=self.local.client_token,
+            )
+        device_id, self.device_tags = self._matching_device()
+        where = f"device {device_id}"
+        if self.requested_target is None:
+            self.target = device_target(self.device_tags)
+        else:
+            self.target = check_target(self.requested_target, self.device_tags, where)
+
+    def _matching_device(self) -> tuple[str, dict[str, str]]:
+        assert self.config is not None
+        client = TrackerClient(self.config.tracker, self.config.token, self.config.tls)
+        try:
+            listed = client.list_devices(self.config.key)
+        except grpc.RpcError as exc:
+            why = explain_rpc_error(exc, self.config.tracker, self.config.tls is not None)
+            raise NoDeviceError(f"cannot list the devices of tracker {why}") from None
+        finally:
+            client.close()
+        lost = tracker_pb2.DeviceState.Value("LOST")
+        matching = [
+            d
+            for d in listed.devices
+            if all(d.spec.tags.get(k) == v for k, v in self.config.tags.items())
+        ]
+        live = [d for d in matching if d.state != lost] or matching
+        if not live:
+            raise NoDeviceError(
+                f"no registered device matches key={self.config.key!r} "
+                f"tags={self.config.tags!r} on tracker {self.config.tracker}"
+            )
+        first = live[0].spec
+        return first.device_id, dict(first.tags)
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the devices run under emulation (their timings are not the real device's)."""
+        return "emulated" in self.device_tags
+
+    def runner(self, evaluator: EvaluatorConfig | None = None, **kwargs: Any) -> PoolRunner:
+        """A PoolRunner over this pool's devices (close it, or leave the pool, when done)."""
+        if self.config is None:
+            raise RuntimeError("the pool is not open: use it in a with block")
+        runner = PoolRunner(self.config, evaluator, devices=self.devices, **kwargs)
+        self._stack.callback(runner.close)
+        return runner
+
+    def describe(self) -> str:
+        """One line: where the devices are and what they run."""
+        assert self.config is not None
+        where = (
+            f"local pool (tracker {self.config.tracker})"
+            if self.local
+            else f"tracker {self.config.tracker}"
+        )
+        emulated = f", emulated by {self.device_tags['emulated']}" if self.emulated else ""
+        backend = self.device_tags.get("backend", "?")
+        return f"{where}, key {self.config.key}, backend {backend}, target {self.target}{emulated}"
+
+    def close(self) -> None:
+        """Close runners and stop a local pool (by pid); idempotent."""
+        self._stack.close()

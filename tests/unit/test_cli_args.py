@@ -1,0 +1,62 @@
+"""`kiln tune-op` refuses bad tuning flags before it starts any pool (in-process, no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln import cli
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The stderr of a kiln command that must exit with status 2 (usage)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--resume"], "--resume needs --records"),
+        (["--early-stop", "0"], "--early-stop must be >= 1, got 0"),
+        (["--trials", "0"], "--trials must be >= 1, got 0"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--devices", "0"], "--devices must be >= 1, got 0"),
+        (["--per-unit", "-1"], "--per-unit must be >= 1, got -1"),
+        (["--tuner", "annealing"], "invalid choice: 'annealing'"),
+        (["--target", "vax"], "--target: unknown target 'vax'; known: host, "),
+        (["--records", "redis:///0"], "names no host"),
+        (["--records", "ftp://h/0"], "directory ftp:/h does not exist"),  # a path, not a URL
+        (["--records", "/nonexistent/dir/r.jsonl"], "directory /nonexistent/dir does not exist"),
+    ],
+)
+def test_bad_tuning_flags_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    err = refused(capsys, "tune-op", "dense", "--shape", "8,8,8", *flags)
+    assert message in err
+
+
+def test_shapes_are_checked_by_the_template_behind_an_alias(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert "no dimension may be negative" in refused(
+        capsys, "tune-op", "dense", "--shape", "8,-8,8"
+    )
+    err = refused(capsys, "tune-op", "conv2d", "--shape", "1,8,8,8,8,3,3,1,1")
+    assert "conv2d_nchwc workload is (N, IC, H, W, OC, KH, KW, stride, pad, epilogue)" in err
+    assert "(conv2d is conv2d_nchwc)" in err
+    assert "dense workload is (M, N, K)" in refused(capsys, "tune-op", "dense", "--shape", "8,8")
+
+
+def test_kiln_tune_retires_stalled_tasks_by_default() -> None:
+    """Model tuning stops feeding a task that has not improved in 200 trials, unless told."""
+    from kiln.cli.network import NETWORK_EARLY_STOP
+
+    parser = cli.build_parser()
+    assert parser.parse_args(["tune", "m.onnx"]).early_stop == NETWORK_EARLY_STOP == 200
+    assert parser.parse_args(["tune", "m.onnx", "--early-stop", "50"]).early_stop == 50
+    assert parser.parse_args(["tune-op", "dense", "--shape", "8,8,8"]).early_stop is None

@@ -1,6 +1,0 @@
-"""`kiln`: the workstation CLI."""
-
-from tuner.cli import main
-
-if __name__ == "__main__":
-    main()

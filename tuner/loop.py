@@ -1,0 +1,488 @@
+"""The tuning loop: ask the searcher, build, measure, record, tell; stop at the trial budget.
+
+Records are appended (and fsync'd) to the store once per batch, so a run killed or interrupted
+loses at most the batch in flight. `TuneOptions.resume` reads the records of this workload and target
+back, tells the searcher their results (it never proposes them again and its model trains on
+them) and counts them toward the budget. The loop ends at the budget, when the space runs out,
+after `early_stop` trials with no better candidate, or with a `TuningError` when the first
+`give_up_after_batches` batches produced no working candidate at all.
+
+With `confirm=k`, the k fastest configs are measured again at the end, in `CONFIRM_ROUNDS`
+interleaved rounds, and the best is the config whose upper median over all its measurements is
+fastest (`records.best`): on a shared machine one lucky measurement of a cache-hungry tile
+otherwise wins, and the build runs far slower than the record said.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from compiler.toolchain import BuildError, get_target
+from tuner import records as rec
+from tuner.measure.builder import Builder, BuildResult
+from tuner.measure.result import MeasureResult, Status
+from tuner.measure.runner import Runner
+from tuner.options import TuneOptions
+from tuner.records import FileRecords, RecordStore, open_store
+from tuner.search import Searcher, make_searcher, transfer_scorer
+from tuner.task import Task
+
+_LOG = logging.getLogger(__name__)
+
+CONFIRM_ROUNDS = 2
+
+
+@dataclass
+class TuneProgress:
+    """What the loop has done so far; handed to the progress callback after every batch.
+
+    Times are seconds of this run (resumed records cost nothing): `build_s` in the builder,
+    `measure_s` in the runner, `search_s` in the searcher's ask and tell, `model_s` the part of it
+    the searcher reports as cost-model work (its `model_seconds`, when it has one).
+    """
+
+    total: int = 0
+    history: list[rec.Record] = field(default_factory=list)
+    best: rec.Record | None = None
+    best_at: int = 0
+    resumed: int = 0
+    started: float = field(default_factory=time.monotonic)
+    wall_s: float = 0.0
+    build_s: float = 0.0
+    measure_s: float = 0.0
+    search_s: float = 0.0
+    model_s: float = 0.0
+    stop_reason: str = ""
+    confirmations: list[rec.Record] = field(default_factory=list)
+
+    @property
+    def trials(self) -> int:
+        """Trials done, resumed ones included (what the budget counts)."""
+        return len(self.history)
+
+    @property
+    def new_trials(self) -> int:
+        """Trials measured by this run."""
+        return len(self.history) - self.resumed
+
+    @property
+    def errors(self) -> int:
+        return sum(not r.result.ok for r in self.history)
+
+    @property
+    def errors_by_status(self) -> dict[str, int]:
+        return dict(Counter(r.result.status.value for r in self.history if not r.result.ok))
+
+    @property
+    def best_measurements(self) -> int:
+        """How many measurements of the best config (trials and confirmations) stand behind it."""
+        if self.best is None:
+            return 0
+        i = self.best.config_index
+        return sum(
+            r.config_index == i and r.result.ok for r in [*self.history, *self.confirmations]
+        )
+
+    @property
+    def best_gflops(self) -> float:
+        return self.best.gflops if self.best else 0.0
+
+    @property
+    def model_share(self) -> float:
+        """The cost model's share of this run's wall time (0 for a searcher without a model)."""
+        return self.model_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float:
+        """Seconds left at this run's pace if the whole budget is used (early stop may end sooner)."""
+        if self.new_trials <= 0:
+            return 0.0
+        return self.wall_s / self.new_trials * max(0, self.total - self.trials)
+
+    def add(self, batch: Sequence[rec.Record]) -> None:
+        """Take a batch of records into the history, moving the best if one of them beats it."""
+        for r in batch:
+            self.history.append(r)
+            if r.result.ok and (self.best is None or r.result.median_s < self.best.result.median_s):
+                self.best = r
+                self.best_at = len(self.history)
+
+
+class TuningError(RuntimeError):
+    """The run could not produce any working candidate."""
+
+
+def target_name(target: str) -> str:
+    """The name records carry for a builder's target: "host" resolves to this machine's class."""
+    try:
+        return get_target(target).name
+    except BuildError:
+        return target  # not a compiler target (a test's fake builder): its name is what it is
+
+
+def compiler_target(target: str) -> str:
+    """`target` when the compiler knows it, else "host" (a test's fake builder)."""
+    try:
+        get_target(target)
+    except BuildError:
+        return "host"
+    return target
+
+
+def _store(spec: RecordStore | str | os.PathLike[str] | None) -> RecordStore | None:
+    if spec is None or not isinstance(spec, str | os.PathLike):
+        return spec
+    return open_store(spec) if isinstance(spec, str) else FileRecords(spec)
+
+
+def _normal(knobs: dict[str, object]) -> object:
+    return json.loads(json.dumps(knobs, sort_keys=True))
+
+
+def resumable_records(task: Task, records: Sequence[rec.Record]) -> list[rec.Record]:
+    """One record per config index of today's space, in first-seen order: the one standing for
+    the config by `records.settled_time` (its only measurement, or the upper median of several).
+
+    Records of a space of another size, or whose knobs are not today's knobs of their index, are
+    dropped with a warning: the index would name another config now.
+    """
+    size = len(task.space)
+    chosen: dict[int, list[rec.Record]] = {}
+    stale = 0
+    for r in records:
+        i = r.config_index
+        if r.space_size not in (0, size) or not 0 <= i < size:
+            stale += 1
+            continue
+        if i not in chosen and _normal(r.knobs) != _normal(task.knobs(i)):
+            stale += 1
+            continue
+        chosen.setdefault(i, []).append(r)
+    if stale:
+        _LOG.warning(
+            "resume: %d records of %s were of another config space and are ignored",
+            stale,
+            task.workload,
+        )
+    return [_stands_for(rs) for rs in chosen.values()]
+
+
+def _stands_for(records: list[rec.Record]) -> rec.Record:
+    ok = [r for r in records if r.result.ok]
+    return rec.settled_time(ok) if ok else records[0]
+
+
+def timed_build(
+    builder: Builder, task: Task, indices: Sequence[int]
+) -> tuple[list[BuildResult], float]:
+    """`builder.build` of `indices`, and the seconds it took."""
+    t0 = time.monotonic()
+    built = builder.build(task.workload, indices)
+    return built, time.monotonic() - t0
+
+
+def measure_built(
+    runner: Runner, built: Sequence[BuildResult], progress: TuneProgress
+) -> list[MeasureResult]:
+    """Measure what built; one result per build result (a failed build is a BUILD_ERROR
+    result), with the time spent added to `progress`."""
+    t0 = time.monotonic()
+    ok = [b for b in built if b.artifact is not None]
+    artifacts = [b.artifact for b in ok if b.artifact is not None]
+    references = [b.reference for b in ok]
+    checked = any(r is not None for r in references)
+    if not artifacts:
+        measured: list[MeasureResult] = []
+    else:
+        measured = runner.run(artifacts, references) if checked else runner.run(artifacts)
+    progress.measure_s += time.monotonic() - t0
+    if len(measured) != len(artifacts):
+        _LOG.error("runner returned %d results for %d artifacts", len(measured), len(artifacts))
+    it = iter(measured)
+    results: list[MeasureResult] = []
+    for b in built:
+        if b.artifact is None:
+            results.append(MeasureResult.failed(Status.BUILD_ERROR, b.error))
+        else:
+            results.append(
+                next(it, None)
+                or MeasureResult.failed(Status.RUNTIME_ERROR, "the runner returned no result")
+            )
+    return results
+
+
+def run_batch(
+    task: Task, builder: Builder, runner: Runner, indices: Sequence[int], progress: TuneProgress
+) -> list[MeasureResult]:
+    """Build and measure `indices`; one result per index (a failed build is a BUILD_ERROR
+    result), with the time spent added to `progress`. Shared by `tune` and model tuning."""
+    built, seconds = timed_build(builder, task, indices)
+    progress.build_s += seconds
+    return measure_built(runner, built, progress)
+
+
+def confirm_best(
+    task: Task,
+    builder: Builder,
+    runner: Runner,
+    progress: TuneProgress,
+    top: int,
+    store: RecordStore | None = None,
+    rounds: int = CONFIRM_ROUNDS,
+) -> list[rec.Record]:
+    """Measure the `top` fastest configs of `progress` again, `rounds` times, and settle its best.
+
+    The configs are ranked by `records.best`'s rule, measured together in each round (the order
+    reversed every other round, so none always runs first), appended to `store` and kept in
+    `progress.confirmations`; `progress.best` becomes the config with the fastest upper median
+    over all its measurements. Nothing is measured when fewer than two configs worked.
+    """
+    if top < 2 or progress.best is None:
+        return []
+    best = progress.best
+    by_config: dict[int, list[rec.Record]] = {}
+    for r in [*progress.history, *progress.confirmations]:
+        if r.result.ok:
+            by_config.setdefault(r.config_index, []).append(r)
+    if len(by_config) < 2:
+        return []
+    settled = sorted((rec.settled_time(rs) for rs in by_config.values()), key=_seconds)
+    indices = [r.config_index for r in settled[:top]]
+    added: list[rec.Record] = []
+    for round_ in range(rounds):
+        order = indices if round_ % 2 == 0 else indices[::-1]
+        results = run_batch(task, builder, runner, order, progress)
+        stamp = rec.now_iso()
+        batch = [
+            rec.Record(
+                task.workload,
+                best.target,
+                i,
+                task.knobs(i),
+                r,
+                task.flop,
+                stamp,
+                best.space_size,
+                confirmation=True,
+            )
+            for i, r in zip(order, results, strict=True)
+        ]
+        if store is not None:
+            store.append(batch)
+        added.extend(batch)
+    progress.confirmations.extend(added)
+    every = [*progress.history, *progress.confirmations]
+    progress.best = rec.best(every, task.workload, best.target) or best
+    _LOG.info(
+        "confirmed the %d fastest configs of %s: best is #%d at %.1f GFLOP/s",
+        len(indices),
+        task.workload,
+        progress.best.config_index,
+        progress.best.gflops,
+    )
+    return added
+
+
+def _seconds(r: rec.Record) -> float:
+    return r.result.median_s
+
+
+def _failure_summary(history: Sequence[rec.Record]) -> str:
+    causes = Counter(
+        f"{r.result.status.value}: {(r.result.error.strip().splitlines() or ['(no message)'])[0]}"
+        for r in history
+        if not r.result.ok
+    )
+    return "; ".join(f"{n}x {cause}" for cause, n in causes.most_common(3)) or "none measured"
+
+
+Callback = Callable[["TuneProgress", Sequence[rec.Record]], None]
+
+
+def log_records(store: RecordStore) -> Callback:
+    """A callback that appends every batch (and every confirmation batch) to `store`."""
+
+    def append(progress: TuneProgress, batch: Sequence[rec.Record]) -> None:
+        del progress
+        if batch:
+            store.append(batch)
+
+    return append
+
+
+def on_progress(call: Callable[[TuneProgress], None]) -> Callback:
+    """A callback that hands the progress alone to `call` (a progress bar) after every batch."""
+
+    def forward(progress: TuneProgress, batch: Sequence[rec.Record]) -> None:
+        del batch
+        call(progress)
+
+    return forward
+
+
+def tune(
+    task: Task,
+    builder: Builder,
+    runner: Runner,
+    options: TuneOptions | None = None,
+    *,
+    searcher: Searcher | None = None,
+    records: RecordStore | str | os.PathLike[str] | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> TuneProgress:
+    """Tune `task` for up to `options.trials` candidates.
+
+    Args:
+        task: the workload to tune.
+        builder: builds config indices into artifacts; its target names the records' target.
+        runner: measures artifacts.
+        options: budget, batch, searcher name, resume, early stop, confirmation, check.
+        searcher: proposes configs (default: `options.tuner` by `make_searcher`, with a transfer
+            model from `records` when `options.transfer`).
+        records: a RecordStore, a path or a `redis://` URL: every batch is appended to it, and
+            `options.resume` reads it first; None keeps records in memory only.
+        callbacks: called after every batch (and once after resuming) with the progress and
+            the batch's records.
+
+    Returns:
+        The progress at the end, with the best record, every record and the time accounting.
+
+    Raises:
+        TuningError: no candidate worked; the message names the most common causes.
+        ValueError: bad options (resume without records, a budget or batch below 1).
+    """
+    options = options or TuneOptions()
+    store = _store(records)
+    if options.resume and store is None:
+        raise ValueError("resume needs a records store to read")
+    try:
+        if searcher is None:
+            transfer = None
+            if options.tuner == "xgb" and options.transfer and store is not None:
+                transfer, _ = transfer_scorer(
+                    store, task, options.seed, target_name(builder.target)
+                )
+            searcher = make_searcher(
+                options.tuner, task, options.seed, transfer, compiler_target(builder.target)
+            )
+        every = [log_records(store), *callbacks] if store is not None else list(callbacks)
+        return _tune(task, builder, runner, options, searcher, store, every)
+    finally:
+        if store is not None and store is not records:
+            store.close()  # opened here from a path or URL
+
+
+def _tune(
+    task: Task,
+    builder: Builder,
+    runner: Runner,
+    options: TuneOptions,
+    searcher: Searcher,
+    store: RecordStore | None,
+    callbacks: Sequence[Callback],
+) -> TuneProgress:
+    n_trials, batch_size, early_stop = options.trials, options.batch_size, options.early_stop
+    model_s0 = float(getattr(searcher, "model_seconds", 0.0))
+    progress = TuneProgress(total=n_trials)
+    target = target_name(builder.target)
+    space_size = len(task.space)
+
+    def tick() -> None:
+        progress.wall_s = time.monotonic() - progress.started
+        progress.model_s = float(getattr(searcher, "model_seconds", 0.0)) - model_s0
+
+    if options.resume and store is not None:
+        prior = resumable_records(task, store.load(task.workload, target))
+        if prior:
+            t0 = time.monotonic()
+            searcher.tell([r.config_index for r in prior], [r.result for r in prior])
+            progress.search_s += time.monotonic() - t0
+            progress.add(prior)
+            progress.resumed = len(prior)
+            _LOG.info("resumed %d trials of %s on %s", len(prior), task.workload, target)
+            tick()
+            for callback in callbacks:
+                callback(progress, [])
+
+    measured = {r.config_index for r in progress.history}
+    failed_batches = 0
+
+    def ask(room: int, busy: Sequence[int] = ()) -> list[int]:
+        t0 = time.monotonic()
+        asked = searcher.ask(min(batch_size, room))
+        progress.search_s += time.monotonic() - t0
+        taken = measured.union(busy)
+        indices = [i for i in dict.fromkeys(asked) if i not in taken]
+        if len(indices) < len(asked):
+            _LOG.warning("the searcher proposed %d measured configs", len(asked) - len(indices))
+        return indices
+
+    executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-build") if options.pipeline else None
+    ahead: tuple[list[int], Future[tuple[list[BuildResult], float]]] | None = None
+    try:
+        while progress.trials < n_trials:
+            if early_stop is not None and progress.trials - progress.best_at >= early_stop:
+                progress.stop_reason = f"no better candidate in {early_stop} trials"
+                break
+            if ahead is None:
+                indices = ask(n_trials - progress.trials)
+                if not indices:
+                    progress.stop_reason = "the config space is exhausted"
+                    break
+                built, seconds = timed_build(builder, task, indices)
+            else:
+                indices, future = ahead
+                ahead = None
+                built, seconds = future.result()
+            progress.build_s += seconds
+            room = n_trials - progress.trials - len(indices)
+            if executor is not None and room > 0:
+                following = ask(room, indices)
+                if following:
+                    ahead = (following, executor.submit(timed_build, builder, task, following))
+            results = measure_built(runner, built, progress)
+            stamp = rec.now_iso()
+            batch = [
+                rec.Record(task.workload, target, i, task.knobs(i), r, task.flop, stamp, space_size)
+                for i, r in zip(indices, results, strict=True)
+            ]
+            t0 = time.monotonic()
+            searcher.tell(indices, results)
+            progress.search_s += time.monotonic() - t0
+            measured.update(indices)
+            progress.add(batch)
+            tick()
+            for callback in callbacks:
+                callback(progress, batch)
+            if progress.best is None:
+                failed_batches += 1
+                if failed_batches >= options.give_up_after_batches:
+                    raise TuningError(
+                        f"no candidate of {task.workload} on {target} worked in the first "
+                        f"{progress.trials} trials ({failed_batches} batches); giving up. "
+                        f"Causes: {_failure_summary(progress.history)}"
+                    )
+        else:
+            progress.stop_reason = "trial budget reached"
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)  # a batch built ahead is dropped
+    tick()
+    if progress.best is None:
+        raise TuningError(
+            f"no candidate of {task.workload} on {target} worked in {progress.trials} trials; "
+            f"causes: {_failure_summary(progress.history)}"
+        )
+    if options.confirm:
+        added = confirm_best(task, builder, runner, progress, options.confirm)
+        for callback in callbacks:
+            callback(progress, added)
+        tick()
+    return progress

@@ -1,0 +1,331 @@
+"""Build candidates into artifacts, in a pool of worker processes so compiles overlap measurements.
+
+A config that fails to build is a BUILD_ERROR result with the compiler's message, never an exception.
+
+Several candidates per translation unit: with `per_unit=k`, a batch's candidates go to gcc `k` at a
+time (`compiler.build.build_many`): one compile, one shared object with `k` entries. Each candidate
+still gets its own `Artifact`: a view of the unit's bytes (same data, same sha256) whose entries
+start with that candidate's own, which is the entry runners measure. So an agent receives and
+caches the unit's .so once and times each entry by name. A unit that fails to build (one config
+that does not lower or compile) is built again one candidate at a time, so the bad config fails
+alone.
+
+Compile cache: `compiler.toolchain.compile_shared` already caches shared objects by the hash of
+source, compiler identity and flags ($KILN_CACHE_DIR, else ~/.cache/kiln/build); `cache_dir`
+points the builder's compiles at another directory. A unit is a cache hit when the same configs
+are built together again (a resumed run asks for the same batches).
+
+Pipelining: `build_async(workload, indices)` returns a Future of the same list `build` returns, so
+a tuning loop can build batch i+1 while batch i is measured::
+
+    pending = builder.build_async(workload, first)
+    while ...:
+        built = pending.result()
+        pending = builder.build_async(workload, next_indices)  # compiles during the measuring
+        results = runner.run([b.artifact for b in built if b.artifact is not None])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from compiler import build as compiler_build
+from compiler.artifact import Artifact
+from compiler.ops.reference import reference_kernel, reference_symbol
+from compiler.toolchain import CACHE_ENV
+from tuner.measure.runner import Reference
+from tuner.records import Workload
+from tuner.task import Task
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """One candidate: its artifact (own entry first), or None with the error that stopped it;
+    with the builder's `check`, the reference kernel its outputs are checked against."""
+
+    config_index: int
+    artifact: Artifact | None
+    error: str = ""
+    reference: Reference | None = None
+
+
+# The check's tolerance: |got - ref| <= atol + rtol * |ref| per output element, with atol grown
+# with the square root of the terms each output sums (R = flop / 2 per output), as float32
+# rounding does. Measured on the agent's standard-normal inputs: dense and Winograd F(2)
+# candidates match their references bit for bit; Winograd F(4), whose transforms reorder the
+# sums, differs by up to 1.3e-7 of the output's scale, 19-28x inside this bound at R = 2,304-
+# 4,608; a missing tail or a wrong element is off by about the output's RMS and always caught.
+CHECK_RTOL = 1e-5
+CHECK_ATOL_PER_SQRT_TERM = 1e-3
+
+# Reference artifacts built in this process, by (target, symbol): configs of one layout share
+# one (the symbol names the layout), so a worker compiles each layout's reference once.
+_REFERENCES: dict[tuple[str, str], Reference] = {}
+_REFERENCES_MAX = 256
+
+
+def reference_for(task: Task, index: int, target: str) -> Reference:
+    """The reference kernel of config `index`'s layout, built for `target` (cached).
+
+    Raises:
+        CompilerError: the reference does not lower or compile.
+    """
+    config = task.space.get(index)
+    symbol = reference_symbol(task.template, task.workload.shape, config)
+    key = (target, symbol)
+    found = _REFERENCES.get(key)
+    if found is not None:
+        return found
+    kernel = reference_kernel(task.template, task.workload.shape, config)
+    art = compiler_build.build_many([kernel], target)
+    outputs = sum(math.prod(a.shape) for a in art.entries[0].args if a.role == "output")
+    terms = max(1.0, task.flop / (2 * max(outputs, 1)))
+    ref = Reference(art, kernel.symbol, CHECK_RTOL, CHECK_ATOL_PER_SQRT_TERM * math.sqrt(terms))
+    if len(_REFERENCES) >= _REFERENCES_MAX:
+        _REFERENCES.pop(next(iter(_REFERENCES)))
+    _REFERENCES[key] = ref
+    return ref
+
+
+def _with_reference(result: BuildResult, task: Task, target: str) -> BuildResult:
+    """`result` with its reference; a reference that fails to build fails the candidate, since
+    its answer could not be checked."""
+    if result.artifact is None:
+        return result
+    try:
+        ref = reference_for(task, result.config_index, target)
+    except Exception as exc:
+        return BuildResult(result.config_index, None, f"reference kernel: {_error(exc)}")
+    return dataclasses.replace(result, reference=ref)
+
+
+def _symbol(workload: Workload, index: int) -> str:
+    return f"kiln_{workload.op}_{'x'.join(map(str, workload.shape))}_c{index}"
+
+
+def _kernel(task: Task, index: int) -> compiler_build.Kernel:
+    sch, args = task.template.instantiate(task.workload.shape, task.space.get(index))
+    return compiler_build.Kernel(sch, args, _symbol(task.workload, index), task.flop)
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def build_one(workload: Workload, index: int, target: str) -> BuildResult:
+    """Instantiate the template with config `index`, lower, generate C and compile it."""
+    try:
+        task = Task(workload)
+        art = compiler_build.build_many([_kernel(task, index)], target)
+    except Exception as exc:  # any failure of one candidate is that candidate's result
+        return BuildResult(index, None, _error(exc))
+    return BuildResult(index, art)
+
+
+def entry_first(art: Artifact, symbol: str) -> Artifact:
+    """A view of `art` (same bytes and sha256) whose first entry is `symbol`.
+
+    Raises:
+        KeyError: `art` has no entry `symbol`.
+    """
+    own = art.entry(symbol)
+    rest = tuple(e for e in art.entries if e.symbol != symbol)
+    return dataclasses.replace(art, entries=(own, *rest))
+
+
+def build_unit(
+    workload: Workload, indices: Sequence[int], target: str, check: bool = False
+) -> list[BuildResult]:
+    """Build `indices` as one translation unit; one BuildResult per index, in order.
+
+    A config that does not instantiate fails alone; if the unit does not build, each remaining
+    config is built by itself so that only the bad one fails. With `check`, each result carries
+    the reference of its layout (`reference_for`).
+    """
+    out = _build_unit(workload, indices, target)
+    if not check:
+        return out
+    task = Task(workload)
+    return [_with_reference(r, task, target) for r in out]
+
+
+def _build_unit(workload: Workload, indices: Sequence[int], target: str) -> list[BuildResult]:
+    try:
+        task = Task(workload)
+    except Exception as exc:
+        return [BuildResult(i, None, _error(exc)) for i in indices]
+    kernels: dict[int, compiler_build.Kernel] = {}
+    failed: dict[int, str] = {}
+    for i in indices:
+        try:
+            kernels[i] = _kernel(task, i)
+        except Exception as exc:
+            failed[i] = _error(exc)
+    unit: Artifact | None = None
+    if len(kernels) > 1:
+        try:
+            unit = compiler_build.build_many(list(kernels.values()), target)
+        except Exception:
+            unit = None  # find which config broke it: build them one by one below
+    out = []
+    for i in indices:
+        if i in failed:
+            out.append(BuildResult(i, None, failed[i]))
+        elif unit is not None:
+            out.append(BuildResult(i, entry_first(unit, kernels[i].symbol)))
+        else:
+            try:
+                out.append(BuildResult(i, compiler_build.build_many([kernels[i]], target)))
+            except Exception as exc:
+                out.append(BuildResult(i, None, _error(exc)))
+    return out
+
+
+class Builder(Protocol):
+    target: str
+
+    def build(self, workload: Workload, indices: Sequence[int]) -> list[BuildResult]:
+        """One BuildResult per index, in order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _init_worker(cache_dir: str | None, cpus: tuple[int, ...]) -> None:
+    """Runs first in every build worker: its cache directory and the cores it (and gcc) may use."""
+    if cache_dir is not None:
+        os.environ[CACHE_ENV] = cache_dir
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def _end_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate `pool`'s worker processes and reap them (Python 3.14 has a method for this;
+    before it, the executor's process table is the only handle on its workers)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in workers:
+        proc.terminate()
+    for proc in workers:
+        proc.join(timeout=10)
+
+
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _cache_env(cache_dir: str | None) -> Iterator[None]:
+    """$KILN_CACHE_DIR set to `cache_dir` for an in-process build (nothing when None)."""
+    if cache_dir is None:
+        yield
+        return
+    with _ENV_LOCK:
+        old = os.environ.get(CACHE_ENV)
+        os.environ[CACHE_ENV] = cache_dir
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(CACHE_ENV, None)
+            else:
+                os.environ[CACHE_ENV] = old
+
+
+class LocalBuilder:
+    """Builds on this machine.
+
+    Args:
+        target: "host" or a name in compiler.toolchain.TARGETS.
+        workers: build processes, kept alive between batches; 1 builds in this process unless
+            `cpus` asks for pinning.
+        per_unit: candidates compiled together in one translation unit (1: each alone).
+        cache_dir: the compile cache directory (None: $KILN_CACHE_DIR, else ~/.cache/kiln/build).
+        cpus: cores the build workers and their compilers may run on (empty: any), e.g. to keep
+            builds off the core a local agent is pinned to.
+        check: build each candidate's reference kernel too (`BuildResult.reference`), for the
+            device to check the candidate's outputs against.
+
+    Raises:
+        ValueError: workers or per_unit below 1, or a core this process may not use.
+    """
+
+    def __init__(
+        self,
+        target: str = "host",
+        workers: int = 1,
+        per_unit: int = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cpus: Sequence[int] = (),
+        check: bool = False,
+    ) -> None:
+        if workers < 1 or per_unit < 1:
+            raise ValueError(f"workers and per_unit must be >= 1, got {workers} and {per_unit}")
+        allowed = os.sched_getaffinity(0)
+        bad = sorted(set(cpus) - allowed)
+        if bad:
+            raise ValueError(
+                f"cannot build on core(s) {bad}: this process may use {sorted(allowed)}"
+            )
+        self.target = target
+        self.per_unit = per_unit
+        self.check = check
+        self._cache_dir = None if cache_dir is None else str(Path(cache_dir))
+        self._pool: ProcessPoolExecutor | None = None
+        self._async: ThreadPoolExecutor | None = None
+        if workers > 1 or cpus:
+            # spawn, not fork: the parent holds gRPC channels, which do not survive a fork.
+            self._pool = ProcessPoolExecutor(
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self._cache_dir, tuple(cpus)),
+            )
+
+    def units(self, indices: Sequence[int]) -> list[list[int]]:
+        """How `indices` are grouped into translation units, in order."""
+        return [list(indices[i : i + self.per_unit]) for i in range(0, len(indices), self.per_unit)]
+
+    def build(self, workload: Workload, indices: Sequence[int]) -> list[BuildResult]:
+        """One BuildResult per index, in order; never raises for a bad config."""
+        units = self.units(indices)
+        if self._pool is None:
+            with _cache_env(self._cache_dir):
+                return [r for u in units for r in build_unit(workload, u, self.target, self.check)]
+        futures = [
+            self._pool.submit(build_unit, workload, u, self.target, self.check) for u in units
+        ]
+        return [r for f in futures for r in f.result()]
+
+    def build_async(self, workload: Workload, indices: Sequence[int]) -> Future[list[BuildResult]]:
+        """Start building; the Future gives what `build` would. Builds run one batch at a time."""
+        if self._async is None:
+            self._async = ThreadPoolExecutor(1, thread_name_prefix="kiln-build")
+        return self._async.submit(self.build, workload, list(indices))
+
+    def close(self) -> None:
+        """Stop the build workers now: a build still running is abandoned, its worker ended.
+
+        A run stopped by Ctrl-C or SIGTERM used to wait here for the build in flight (a minute
+        for a batch of Winograd kernels), and a second signal during that wait left the process
+        pool half shut, hanging the interpreter's exit for good.
+        """
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _end_workers(pool)  # the pool sees them die and fails their futures
+            pool.shutdown(wait=True, cancel_futures=True)  # quick: it only joins its own thread
+        if self._async is not None:
+            self._async.shutdown(cancel_futures=True)  # its build, if any, failed with the pool
+            self._async = None

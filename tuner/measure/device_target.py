@@ -1,0 +1,95 @@
+"""The device decides the target: which compiler target a device's registered tags can run.
+
+An agent tags each device with `backend`, `arch` (platform.machine() or the emulated guest's),
+`features` (the CPU's ISA flags that matter for code generation) and `cpu` (its model name).
+A device of this very machine's kind (same target class and CPU model) gets "host", which builds
+with -march=native; any other gets the named class (x86_64-avx512, x86_64-avx2, aarch64-neon).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from compiler.toolchain import TARGETS, BuildError, get_target, host_cpu_model, host_target_name
+
+# What each named target needs of a device: its arch and these features (empty: the base ISA).
+_NEEDS: dict[str, frozenset[str]] = {
+    "x86_64-avx512": frozenset({"avx512f", "avx2", "fma"}),
+    "x86_64-avx2": frozenset({"avx2", "fma"}),
+    "x86_64": frozenset(),
+    "aarch64-neon": frozenset(),
+}
+
+
+class TargetError(ValueError):
+    """A target the device cannot run, or a device whose tags name no target we can build."""
+
+
+def _features(tags: Mapping[str, str]) -> frozenset[str] | None:
+    text = tags.get("features")
+    return None if text is None else frozenset(f for f in text.split(",") if f)
+
+
+def device_target(tags: Mapping[str, str]) -> str:
+    """The best target a device with `tags` runs: "host" for a device like this machine.
+
+    A device without `features` (an older agent) is taken to be this machine's kind when its
+    arch is this machine's.
+
+    Raises:
+        TargetError: the device's arch has no compiler target.
+    """
+    arch = tags.get("arch", "")
+    features = _features(tags)
+    if arch in ("aarch64", "arm64"):
+        name = "aarch64-neon"
+    elif arch in ("x86_64", "AMD64"):
+        if features is None:
+            name = host_target_name() if _host_arch() == "x86_64" else "x86_64"
+        elif _NEEDS["x86_64-avx512"] <= features:
+            name = "x86_64-avx512"
+        elif _NEEDS["x86_64-avx2"] <= features:
+            name = "x86_64-avx2"
+        else:
+            name = "x86_64"
+    else:
+        raise TargetError(f"device arch {arch!r} has no compiler target (known: x86_64, aarch64)")
+    if name == host_target_name() and tags.get("emulated") is None:
+        cpu = tags.get("cpu")
+        if cpu is None or cpu == host_cpu_model():
+            return "host"
+    return name
+
+
+def check_target(target: str, tags: Mapping[str, str], device: str = "the device") -> str:
+    """`target` if a device with `tags` can run what it builds, else TargetError naming both.
+
+    Raises:
+        TargetError: an unknown target, another arch, or features the device lacks.
+    """
+    try:
+        tgt = get_target(target)
+    except BuildError as exc:
+        raise TargetError(str(exc)) from None
+    arch = tags.get("arch", "")
+    if arch and tgt.arch != arch and not (tgt.arch == "aarch64" and arch == "arm64"):
+        raise TargetError(
+            f"target {target} ({tgt.arch}) cannot run on {device} (arch={arch}); "
+            f"it runs {device_target(tags)}"
+        )
+    features = _features(tags)
+    base = host_target_name() if target == "host" else target
+    missing = sorted(_NEEDS.get(base, frozenset()) - features) if features is not None else []
+    if missing:
+        raise TargetError(
+            f"target {target} needs {', '.join(missing)}, which {device} lacks "
+            f"(features={tags.get('features')}); it runs {device_target(tags)}"
+        )
+    return target
+
+
+def _host_arch() -> str:
+    try:
+        return TARGETS[host_target_name()].arch
+    except BuildError:
+        return ""

@@ -1,0 +1,74 @@
+"""Searchers by name: what `kiln tune-op --tuner NAME` and the Python API make for a task."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from tuner.records.base import RecordStore
+from tuner.search.base import RandomSearch, Searcher
+from tuner.task import Task
+
+_LOG = logging.getLogger(__name__)
+
+TUNERS = ("xgb", "random")
+
+# index array -> scores: a transfer model's ranking of a task's configs (tuner.search.transfer)
+TransferScore = Callable[[np.ndarray], np.ndarray]
+
+
+def make_searcher(
+    name: str,
+    task: Task,
+    seed: int = 0,
+    transfer: TransferScore | None = None,
+    target: str = "host",
+    constraint: Callable[[int], bool] | None = None,
+) -> Searcher:
+    """The searcher called `name` ("xgb" or "random") over the task's space.
+
+    Both skip configs the template calls implausible on `target` (a register tile that spills
+    there) and, when given, those `constraint` rejects (a model's layout blocks). `transfer`
+    (xgb only) scores candidates with a model pretrained on other workloads.
+
+    Raises:
+        ValueError: an unknown name, or xgboost cannot be imported for "xgb".
+    """
+    if name not in TUNERS:
+        raise ValueError(f"tuner must be one of {', '.join(TUNERS)}, got {name!r}")
+
+    def plausible(index: int) -> bool:
+        if constraint is not None and not constraint(index):
+            return False
+        return task.worth_measuring(index, target)
+
+    checked = constraint is not None or hasattr(task.template, "worth_measuring")
+    valid: Callable[[int], bool] | None = plausible if checked else None
+    if name == "random":
+        return RandomSearch(len(task.space), seed=seed, valid=valid)
+    try:  # imported lazily: it pulls in xgboost, which the random searcher never needs
+        from tuner.search.xgb import XGBSearcher
+    except ImportError as exc:
+        raise ValueError(f"the xgb tuner is not available here ({exc}); use random") from None
+    return XGBSearcher(task.space, flop=task.flop, seed=seed, valid=valid, transfer=transfer)
+
+
+def transfer_scorer(
+    store: RecordStore, task: Task, seed: int, target: str
+) -> tuple[TransferScore | None, str]:
+    """A scorer pretrained on the store's records of other workloads on `target` (a records
+    target name), and a line saying what it learned from; (None, "") without such records."""
+    from tuner.search.transfer import TransferModel  # lazily, like the xgb searcher
+
+    model = TransferModel(seed=seed)
+    samples = model.fit(store.load(target=target), target, exclude=task.workload)
+    if samples == 0:
+        return None, ""
+    note = (
+        f"transfer: a model of {samples} records of {len(model.workloads)} other workloads "
+        f"on {target} picks the first candidates"
+    )
+    _LOG.info("%s", note)
+    return model.scorer(task), note
