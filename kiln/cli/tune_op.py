@@ -58,10 +58,12 @@ def run(args: argparse.Namespace) -> int:
 def tune_with_progress(args: argparse.Namespace, task: object, options: object) -> TuneProgress:
     """Tune `task` on the flags' pool with a progress bar; Ctrl-C says where the records are."""
     from kiln.cli.progress import ProgressBar
-    from tuner.loop import on_progress, tune
+    from tuner.loop import on_progress, target_name, tune
+    from tuner.options import TuneOptions
+    from tuner.search import make_searcher, transfer_scorer
     from tuner.task import Task
 
-    assert isinstance(task, Task)
+    assert isinstance(task, Task) and isinstance(options, TuneOptions)
     with ExitStack() as stack:
         store = common.open_records(args.records)
         if store is not None:
@@ -70,6 +72,12 @@ def tune_with_progress(args: argparse.Namespace, task: object, options: object) 
         builder = common.builder(args, pool, check=args.check)
         stack.callback(builder.close)
         runner = pool.runner(common.evaluator(args))
+        transfer = None
+        if options.tuner == "xgb" and options.transfer and store is not None:
+            transfer, note = transfer_scorer(store, task, options.seed, target_name(pool.target))
+            if note:
+                print(note, file=sys.stderr)
+        searcher = make_searcher(options.tuner, task, options.seed, transfer, pool.target)
         bar = ProgressBar(emulated=pool.emulated)
         stack.callback(bar.close)
         try:
@@ -77,7 +85,8 @@ def tune_with_progress(args: argparse.Namespace, task: object, options: object) 
                 task,
                 builder,
                 runner,
-                options,  # type: ignore[arg-type]
+                options,
+                searcher=searcher,
                 records=store,
                 callbacks=[on_progress(bar)],
             )
