@@ -167,7 +167,9 @@ def test_devices_with_a_token_file_and_a_bounded_watch(tmp_path: Path) -> None:
         assert table.returncode == 0, table.stderr
         rows = [line for line in table.stdout.splitlines() if line.startswith("| ")]
         header = [cell.strip() for cell in rows[0].strip("|").split("|")]
-        assert header == ["key", "device", "agent", "state", "holder", "heartbeat_age_s", "queue"]
+        assert header == [
+            "key", "device", "backend", "agent", "state", "holder", "heartbeat_age_s", "queue", "tags",
+        ]  # fmt: skip
         assert "| arm " in rows[1] and "FREE" in rows[1]
         assert "| x86 " in rows[2] and "LEASED" in rows[2] and "carol" in rows[2]
         assert "2 devices: 1 FREE, 1 LEASED; longest queue 0" in table.stdout

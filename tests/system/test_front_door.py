@@ -79,7 +79,8 @@ def _tune_broken(task: Task, check: bool) -> list[rec.Record]:
         finally:
             builder.close()
     assert progress.best is not None
-    assert not task.space.get(progress.best.config_index)["unroll"]
+    if check:
+        assert not task.space.get(progress.best.config_index)["unroll"]
     return progress.history
 
 
