@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,19 @@ def _options(options: TuneOptions | None, trials: int | None) -> TuneOptions:
     return options if trials is None else dataclasses.replace(options, trials=trials)
 
 
+@contextmanager
+def _builder(pool: Pool, options: TuneOptions, given: Builder | None) -> Iterator[Builder]:
+    """`given`, or a LocalBuilder for the pool's target closed on leaving."""
+    if given is not None:
+        yield given
+        return
+    own = LocalBuilder(target=pool.target, workers=2, per_unit=4, check=options.check)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
 def tune_op(
     pool: Pool,
     op: str,
@@ -91,20 +105,8 @@ def tune_op(
     """
     task = op_task(op, shape)
     opts = _options(options, trials)
-    own = builder is None
-    builder = builder or LocalBuilder(target=pool.target, workers=2, per_unit=4, check=opts.check)
-    try:
-        return tune(
-            task,
-            builder,
-            pool.runner(evaluator),
-            opts,
-            records=records,
-            callbacks=callbacks,
-        )
-    finally:
-        if own:
-            builder.close()
+    with _builder(pool, opts, builder) as build, closing(pool.runner(evaluator)) as runner:
+        return tune(task, build, runner, opts, records=records, callbacks=callbacks)
 
 
 def tune_network(
@@ -128,21 +130,18 @@ def tune_network(
 
     opts = _options(options, trials)
     store = open_store(records) if isinstance(records, str | os.PathLike) else records
-    own = builder is None
-    builder = builder or LocalBuilder(target=pool.target, workers=2, per_unit=4, check=opts.check)
     try:
-        return _tune_network(
-            model,
-            builder,
-            pool.runner(evaluator),
-            opts,
-            store=store,
-            input_shapes=input_shapes,
-            on_batch=on_batch,
-        )
+        with _builder(pool, opts, builder) as build, closing(pool.runner(evaluator)) as runner:
+            return _tune_network(
+                model,
+                build,
+                runner,
+                opts,
+                store=store,
+                input_shapes=input_shapes,
+                on_batch=on_batch,
+            )
     finally:
-        if own:
-            builder.close()
         if store is not None and store is not records:
             store.close()
 
@@ -185,4 +184,5 @@ def run(
 
     artifact = model if isinstance(model, ModelArtifact) else ModelArtifact.load(Path(model))
     feeds = {s.name: np.asarray(inputs[s.name]).astype(s.dtype) for s in artifact.inputs}
-    return run_model(artifact, feeds, pool.runner(EvaluatorConfig(repeat=repeat)))
+    with closing(pool.runner(EvaluatorConfig(repeat=repeat))) as runner:
+        return run_model(artifact, feeds, runner)

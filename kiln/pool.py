@@ -147,12 +147,11 @@ class Pool:
         return "emulated" in self.device_tags
 
     def runner(self, evaluator: EvaluatorConfig | None = None, **kwargs: Any) -> PoolRunner:
-        """A PoolRunner over this pool's devices (close it, or leave the pool, when done)."""
+        """A PoolRunner over this pool's devices. Close it when done (`contextlib.closing`): it
+        keeps its leases between batches, so an open runner holds its devices from the next."""
         if self.config is None:
             raise RuntimeError("the pool is not open: use it in a with block")
-        runner = PoolRunner(self.config, evaluator, devices=self.devices, **kwargs)
-        self._stack.callback(runner.close)
-        return runner
+        return PoolRunner(self.config, evaluator, devices=self.devices, **kwargs)
 
     def describe(self) -> str:
         """One line: where the devices are and what they run."""
@@ -167,5 +166,5 @@ class Pool:
         return f"{where}, key {self.config.key}, backend {backend}, target {self.target}{emulated}"
 
     def close(self) -> None:
-        """Close runners and stop a local pool (by pid); idempotent."""
+        """Stop a local pool (by pid); idempotent."""
         self._stack.close()

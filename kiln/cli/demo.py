@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,7 +151,7 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
         untuned = build_model(graph, None, target)
         tuned = build_model(graph, configs, target)
         try:
-            on_device = run_model(tuned, feeds, args.pool.runner())
+            on_device = run_model(tuned, feeds, stack.enter_context(closing(args.pool.runner())))
         except (ModelRunError, NoDeviceError) as exc:
             raise CliError(f"running the tuned build on the pool: {exc}") from None
     peer = OrtPeer(proto, feeds)

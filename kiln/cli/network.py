@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -157,10 +157,11 @@ def tune_network_from_args(
     pool = common.open_pool(args, stack, pin=args.pipeline)
     builder = common.builder(args, pool, check=args.check)
     stack.callback(builder.close)
-    runner = pool.runner(common.evaluator(args))
     args.pool = pool
     try:
-        result = tune_network(graph, builder, runner, options, store=store, on_batch=_progress)
+        # closed on return: it keeps its leases between batches, and the demo runs the build next
+        with closing(pool.runner(common.evaluator(args))) as runner:
+            result = tune_network(graph, builder, runner, options, store=store, on_batch=_progress)
     except KeyboardInterrupt:
         if store is not None:
             print(
@@ -262,7 +263,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         args.target = model.artifact.target
         pool = common.open_pool(args, stack)
-        runner = pool.runner(EvaluatorConfig(repeat=args.repeat))
+        runner = stack.enter_context(closing(pool.runner(EvaluatorConfig(repeat=args.repeat))))
         try:
             result = run_model(model, feeds, runner)
         except (ModelRunError, NoDeviceError) as exc:

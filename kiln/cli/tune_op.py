@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from typing import TYPE_CHECKING
 
 from kiln.cli import common
@@ -71,7 +71,7 @@ def tune_with_progress(args: argparse.Namespace, task: object, options: object) 
         pool = common.open_pool(args, stack, pin=args.pipeline)
         builder = common.builder(args, pool, check=args.check)
         stack.callback(builder.close)
-        runner = pool.runner(common.evaluator(args))
+        runner = stack.enter_context(closing(pool.runner(common.evaluator(args))))
         transfer = None
         if options.tuner == "xgb" and options.transfer and store is not None:
             transfer, note = transfer_scorer(store, task, options.seed, target_name(pool.target))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ from compiler.ops.matmul import MatmulTemplate, _workload
 from compiler.ops.space import Config
 from compiler.schedule.schedule import Schedule, create_schedule
 from kiln.pool import Pool
+from protos import tracker_pb2
 from tuner import records as rec
 from tuner.loop import tune
 from tuner.measure.builder import LocalBuilder
 from tuner.measure.local_pool import LocalPool
+from tuner.measure.tracker_client import TrackerClient
 from tuner.options import TuneOptions
 from tuner.search.base import RandomSearch
 from tuner.task import Task
@@ -66,13 +69,13 @@ def broken_template(monkeypatch: pytest.MonkeyPatch) -> Iterator[Task]:
 
 def _tune_broken(task: Task, check: bool) -> list[rec.Record]:
     size = len(task.space)
-    with Pool() as pool:
+    with Pool() as pool, closing(pool.runner()) as runner:
         builder = LocalBuilder(target=pool.target, workers=1, per_unit=4, check=check)
         try:
             progress = tune(
                 task,
                 builder,
-                pool.runner(),
+                runner,
                 TuneOptions(trials=min(size, 32), batch_size=16, tuner="random", check=check),
                 searcher=RandomSearch(size, seed=0),
             )
@@ -96,6 +99,22 @@ def test_without_the_check_the_wrong_configs_pass_as_ok(broken_template: Task) -
     """What the check guards against: unchecked, a wrong kernel is an OK record like any other."""
     history = _tune_broken(broken_template, check=False)
     assert all(r.result.ok for r in history)
+
+
+def test_tune_op_gives_its_devices_back_when_it_returns() -> None:
+    """A second call on the same pool gets the device at once, not after the lease's TTL."""
+    import kiln
+
+    options = TuneOptions(trials=4, batch_size=4, tuner="random")
+    with Pool() as pool:
+        kiln.tune_op(pool, "matmul", (16, 16, 16), options=options)
+        assert pool.config is not None
+        client = TrackerClient(pool.config.tracker, pool.config.token)
+        try:
+            [device] = client.list_devices(pool.config.key).devices
+        finally:
+            client.close()
+        assert tracker_pb2.DeviceState.Name(device.state) == "FREE"
 
 
 def test_a_mistyped_key_fails_at_once_through_the_cli(tmp_path: Path) -> None:
