@@ -31,7 +31,7 @@ from tuner.measure.result import MeasureResult, Status
 from tuner.measure.runner import Runner
 from tuner.options import TuneOptions
 from tuner.records import FileRecords, RecordStore, open_store
-from tuner.search import Searcher, make_searcher, transfer_scorer
+from tuner.search import Searcher, searcher_for
 from tuner.task import Task
 
 _LOG = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ def tune(
         builder: builds config indices into artifacts; its target names the records' target.
         runner: measures artifacts.
         options: budget, batch, searcher name, resume, early stop, confirmation, check.
-        searcher: proposes configs (default: `options.tuner` by `make_searcher`, with a transfer
+        searcher: proposes configs (default: `searcher_for(options, ...)`, with a transfer
             model from `records` when `options.transfer`).
         records: a RecordStore, a path or a `redis://` URL: every batch is appended to it, and
             `options.resume` reads it first; None keeps records in memory only.
@@ -364,13 +364,8 @@ def tune(
         raise ValueError("resume needs a records store to read")
     try:
         if searcher is None:
-            transfer = None
-            if options.tuner == "xgb" and options.transfer and store is not None:
-                transfer, _ = transfer_scorer(
-                    store, task, options.seed, target_name(builder.target)
-                )
-            searcher = make_searcher(
-                options.tuner, task, options.seed, transfer, compiler_target(builder.target)
+            searcher, _ = searcher_for(
+                task, options, store, compiler_target(builder.target), target_name(builder.target)
             )
         every = [log_records(store), *callbacks] if store is not None else list(callbacks)
         return _tune(task, builder, runner, options, searcher, store, every)

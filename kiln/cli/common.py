@@ -251,15 +251,13 @@ def check_target_name(target: str | None) -> None:
 
 
 def evaluator(args: argparse.Namespace) -> EvaluatorConfig:
+    """The timing of the measurement flags a command has (EvaluatorConfig's defaults for the rest)."""
     from tuner.measure.result import EvaluatorConfig
 
     if args.repeat < 1:
         raise CliError.usage(f"--repeat must be >= 1, got {args.repeat}")
-    return EvaluatorConfig(
-        repeat=args.repeat,
-        min_repeat_ms=getattr(args, "min_repeat_ms", 20.0),
-        timeout_s=getattr(args, "timeout_s", 30.0),
-    )
+    given = {f: getattr(args, f) for f in ("min_repeat_ms", "timeout_s") if hasattr(args, f)}
+    return EvaluatorConfig(repeat=args.repeat, **given)
 
 
 def open_records(spec: str | None, must_exist: bool = False) -> RecordStore | None:

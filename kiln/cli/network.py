@@ -243,11 +243,9 @@ def _reference(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def cmd_run(args: argparse.Namespace) -> int:
     from compiler.graph.build_model import ModelArtifact
     from tuner.measure.pool_runner import NoDeviceError
-    from tuner.measure.result import EvaluatorConfig
     from tuner.network.run import ModelRunError, check_feeds, run_model
 
-    if args.repeat < 1:
-        raise CliError.usage(f"--repeat must be >= 1, got {args.repeat}")
+    timing = common.evaluator(args)
     if not (Path(args.model) / "model.json").is_file():
         raise CliError.usage(f"{args.model}: not a model directory (no model.json)")
     if args.check and not Path(args.check).is_file():
@@ -263,7 +261,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         args.target = model.artifact.target
         pool = common.open_pool(args, stack)
-        runner = stack.enter_context(closing(pool.runner(EvaluatorConfig(repeat=args.repeat))))
+        runner = stack.enter_context(closing(pool.runner(timing)))
         try:
             result = run_model(model, feeds, runner)
         except (ModelRunError, NoDeviceError) as exc:

@@ -13,6 +13,8 @@ from kiln.cli.errors import CliError
 
 if TYPE_CHECKING:
     from tuner.loop import TuneProgress
+    from tuner.options import TuneOptions
+    from tuner.task import Task
 
 EXAMPLES = """examples:
   kiln tune-op dense --shape 512,512,512 --trials 200 --records r.jsonl      # a local pool
@@ -55,15 +57,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def tune_with_progress(args: argparse.Namespace, task: object, options: object) -> TuneProgress:
+def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOptions) -> TuneProgress:
     """Tune `task` on the flags' pool with a progress bar; Ctrl-C says where the records are."""
     from kiln.cli.progress import ProgressBar
     from tuner.loop import on_progress, target_name, tune
-    from tuner.options import TuneOptions
-    from tuner.search import make_searcher, transfer_scorer
-    from tuner.task import Task
+    from tuner.search import searcher_for
 
-    assert isinstance(task, Task) and isinstance(options, TuneOptions)
     with ExitStack() as stack:
         store = common.open_records(args.records)
         if store is not None:
@@ -72,12 +71,9 @@ def tune_with_progress(args: argparse.Namespace, task: object, options: object) 
         builder = common.builder(args, pool, check=args.check)
         stack.callback(builder.close)
         runner = stack.enter_context(closing(pool.runner(common.evaluator(args))))
-        transfer = None
-        if options.tuner == "xgb" and options.transfer and store is not None:
-            transfer, note = transfer_scorer(store, task, options.seed, target_name(pool.target))
-            if note:
-                print(note, file=sys.stderr)
-        searcher = make_searcher(options.tuner, task, options.seed, transfer, pool.target)
+        searcher, note = searcher_for(task, options, store, pool.target, target_name(pool.target))
+        if note:
+            print(note, file=sys.stderr)
         bar = ProgressBar(emulated=pool.emulated)
         stack.callback(bar.close)
         try:

@@ -49,7 +49,7 @@ from tuner.measure.runner import Runner
 from tuner.network.scheduler import Allocation, SchedTask, ScheduleResult, TaskScheduler
 from tuner.options import TuneOptions
 from tuner.records import RecordStore
-from tuner.search import Searcher, make_searcher, transfer_scorer
+from tuner.search import Searcher, searcher_for
 from tuner.task import Task
 
 _LOG = logging.getLogger(__name__)
@@ -235,16 +235,15 @@ def _estimate(runs: list[_TaskRun]) -> float:
 
 
 def default_searcher_factory(
-    options: TuneOptions, store: RecordStore | None, target: str
+    options: TuneOptions, store: RecordStore | None, target: str, records_target: str
 ) -> SearcherFactory:
-    """Each task's searcher as `make_searcher(options.tuner, ...)` makes it, restricted to `valid`
-    configs, with a transfer model from `store` when `options.transfer` (xgb only)."""
+    """Each task's searcher as `searcher_for` makes it, restricted to `valid` configs."""
 
     def factory(task: Task, valid: Callable[[int], bool]) -> Searcher:
-        transfer = None
-        if options.tuner == "xgb" and options.transfer and store is not None:
-            transfer, _ = transfer_scorer(store, task, options.seed, target_name(target))
-        return make_searcher(options.tuner, task, options.seed, transfer, target, constraint=valid)
+        searcher, note = searcher_for(task, options, store, target, records_target, valid)
+        if note:
+            _LOG.info("%s: %s", task.workload, note)
+        return searcher
 
     return factory
 
@@ -288,8 +287,8 @@ def tune_network(
     for spec in skipped:
         _LOG.info("not tuned: %s x%d: %s", spec.anchor_op, spec.weight, spec.note)
     target = compiler_target(builder.target)
-    factory = searcher_factory or default_searcher_factory(options, store, target)
     records_target = target_name(builder.target)
+    factory = searcher_factory or default_searcher_factory(options, store, target, records_target)
     runs = [
         _TaskRun(mt, factory(mt.task, mt.fits), builder, runner, store, records_target)
         for mt in tunable

@@ -6,13 +6,19 @@
     cost_model  CostModel.fit/predict on XGBoost with a ranking objective
     features    knob and loop-IR features of a config
     transfer    a model trained on other workloads' records, to pick the first candidates
-    factory     make_searcher(name, task, ...) and transfer_scorer(...)
+    factory     searcher_for(task, options, ...), make_searcher(name, task, ...), transfer_scorer
 
 Only `base` and `factory` load with this package; xgboost loads when the xgb searcher is made.
 """
 
 from tuner.search.base import RandomSearch, Searcher
-from tuner.search.factory import TUNERS, TransferScore, make_searcher, transfer_scorer
+from tuner.search.factory import (
+    TUNERS,
+    TransferScore,
+    make_searcher,
+    searcher_for,
+    transfer_scorer,
+)
 
 __all__ = [
     "TUNERS",
@@ -20,5 +26,6 @@ __all__ = [
     "Searcher",
     "TransferScore",
     "make_searcher",
+    "searcher_for",
     "transfer_scorer",
 ]

@@ -1,4 +1,5 @@
-"""Searchers by name: what `kiln tune-op --tuner NAME` and the Python API make for a task."""
+"""Searchers by name: what `kiln tune-op --tuner NAME`, the Python API and network tuning make
+for a task (`searcher_for` from TuneOptions, `make_searcher` by name)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tuner.options import TuneOptions
 from tuner.records.base import RecordStore
 from tuner.search.base import RandomSearch, Searcher
 from tuner.task import Task
@@ -53,6 +55,24 @@ def make_searcher(
     except ImportError as exc:
         raise ValueError(f"the xgb tuner is not available here ({exc}); use random") from None
     return XGBSearcher(task.space, flop=task.flop, seed=seed, valid=valid, transfer=transfer)
+
+
+def searcher_for(
+    task: Task,
+    options: TuneOptions,
+    store: RecordStore | None,
+    target: str,
+    records_target: str,
+    constraint: Callable[[int], bool] | None = None,
+) -> tuple[Searcher, str]:
+    """The searcher `options` ask for (`make_searcher` for compile target `target`), with a
+    transfer model from `store`'s records on `records_target` when `options.transfer` and the
+    tuner is "xgb"; and the transfer model's note ("" without one)."""
+    transfer, note = None, ""
+    if options.tuner == "xgb" and options.transfer and store is not None:
+        transfer, note = transfer_scorer(store, task, options.seed, records_target)
+    searcher = make_searcher(options.tuner, task, options.seed, transfer, target, constraint)
+    return searcher, note
 
 
 def transfer_scorer(
