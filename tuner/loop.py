@@ -194,14 +194,9 @@ def measure_built(
     """Measure what built; one result per build result (a failed build is a BUILD_ERROR
     result), with the time spent added to `progress`."""
     t0 = time.monotonic()
-    ok = [b for b in built if b.artifact is not None]
-    artifacts = [b.artifact for b in ok if b.artifact is not None]
-    references = [b.reference for b in ok]
-    checked = any(r is not None for r in references)
-    if not artifacts:
-        measured: list[MeasureResult] = []
-    else:
-        measured = runner.run(artifacts, references) if checked else runner.run(artifacts)
+    artifacts = [b.artifact for b in built if b.artifact is not None]
+    references = [b.reference for b in built if b.artifact is not None]
+    measured = runner.run(artifacts, references) if artifacts else []
     progress.measure_s += time.monotonic() - t0
     if len(measured) != len(artifacts):
         _LOG.error("runner returned %d results for %d artifacts", len(measured), len(artifacts))

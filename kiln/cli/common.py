@@ -280,8 +280,8 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
     """The pool of `--tracker`/`--key`/`--tag` (a local one without --tracker), entered on `stack`.
 
     With `pin` (pipelined tuning on a local pool) and more cores than devices, each local
-    device gets a core of its own (the last ones) and `args.build_cpus` the others, so builds
-    running beside a measurement do not disturb it.
+    device gets a core of its own (the last ones) and `builder` the others, so builds running
+    beside a measurement do not disturb it.
     """
     from kiln.pool import Pool
 
@@ -290,12 +290,10 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
         raise CliError.usage("--key is required with --tracker")
     devices = getattr(args, "devices", 1)
     pins: tuple[int, ...] = ()
-    args.build_cpus = ()
     if not args.tracker and pin:
         allowed = sorted(os.sched_getaffinity(0))
         if len(allowed) > devices:
             pins = tuple(allowed[-devices:])
-            args.build_cpus = tuple(allowed[:-devices])
     pool = Pool(
         args.tracker or None,
         key=args.key,
@@ -312,10 +310,12 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
 
 
 def builder(args: argparse.Namespace, pool: Pool, check: bool) -> LocalBuilder:
-    """The local builder of the build flags, for the pool's target (close it)."""
+    """The local builder of the build flags, for the pool's target (close it); on the cores
+    the pool's local devices are not pinned to, when they are."""
     from tuner.measure.builder import LocalBuilder
 
-    cpus = getattr(args, "build_cpus", ())
+    pinned = set(pool.pin_cores)
+    cpus = tuple(sorted(os.sched_getaffinity(0) - pinned)) if pinned else ()
     workers = min(args.build_workers, len(cpus)) if cpus else args.build_workers
     return LocalBuilder(
         target=pool.target, workers=workers, per_unit=args.per_unit, cpus=cpus, check=check

@@ -141,7 +141,8 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
         else:
             shown_records = args.records
         started = time.monotonic()
-        result, target = tune_network_from_args(args, graph, stack)
+        result, pool = tune_network_from_args(args, graph, stack)
+        target = pool.target
         tune_s = time.monotonic() - started
         print(report(result))
         store = common.open_records(args.records)
@@ -151,7 +152,7 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
         untuned = build_model(graph, None, target)
         tuned = build_model(graph, configs, target)
         try:
-            on_device = run_model(tuned, feeds, stack.enter_context(closing(args.pool.runner())))
+            on_device = run_model(tuned, feeds, stack.enter_context(closing(pool.runner())))
         except (ModelRunError, NoDeviceError) as exc:
             raise CliError(f"running the tuned build on the pool: {exc}") from None
     peer = OrtPeer(proto, feeds)

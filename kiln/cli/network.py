@@ -26,6 +26,7 @@ from kiln.cli.errors import CliError
 
 if TYPE_CHECKING:
     from compiler.graph.ir import Graph
+    from kiln.pool import Pool
     from tuner.network.tune import ModelTuneResult, ModelTuneStep
 
 EXAMPLES = """examples:
@@ -145,9 +146,9 @@ def report(result: ModelTuneResult) -> str:
 
 def tune_network_from_args(
     args: argparse.Namespace, graph: Graph, stack: ExitStack
-) -> tuple[ModelTuneResult, str]:
+) -> tuple[ModelTuneResult, Pool]:
     """Tune `graph` as the flags say (`kiln tune` and `kiln demo`), progress on stderr; the
-    result and the target its records are for. The pool, builder and store live on `stack`."""
+    result and the pool it ran on. The pool, builder and store live on `stack`."""
     from tuner.network.tune import tune_network
 
     options = common.tune_options(args)
@@ -157,7 +158,6 @@ def tune_network_from_args(
     pool = common.open_pool(args, stack, pin=args.pipeline)
     builder = common.builder(args, pool, check=args.check)
     stack.callback(builder.close)
-    args.pool = pool
     try:
         # closed on return: it keeps its leases between batches, and the demo runs the build next
         with closing(pool.runner(common.evaluator(args))) as runner:
@@ -170,7 +170,7 @@ def tune_network_from_args(
                 file=sys.stderr,
             )
         raise
-    return result, pool.target
+    return result, pool
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -188,13 +188,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     from compiler.errors import CompilerError
     from compiler.graph.build_model import build_model
     from compiler.graph.ir import GraphError
-    from compiler.toolchain import BuildError, get_target
     from tuner.network.tune import configs_from_records, model_tasks
 
-    try:
-        get_target(args.target)
-    except BuildError as exc:
-        raise CliError.usage(f"--target: {exc}") from None
+    common.check_target_name(args.target)
     store = common.open_records(args.records, must_exist=True)
     assert store is not None
     graph = _load(args)
