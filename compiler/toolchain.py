@@ -300,20 +300,3 @@ def _cpu_flags() -> set[str]:
         if line.startswith("flags"):
             return set(line.partition(":")[2].split())
     return set()
-
-
-def host_cpu_model() -> str:
-    """This machine's CPU model name as /proc/cpuinfo gives it, spaces collapsed ("" if unknown).
-
-    Agents tag their devices with the same text (`cpu=`), so a workstation can tell a device of
-    its own kind, for which -march=native code is safe.
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() in ("model name", "Model", "Hardware"):
-            return " ".join(value.split())
-    return ""

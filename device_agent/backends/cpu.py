@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from device_agent import abi, hostinfo
+from device_agent import abi
 from device_agent.backends.base import JobFailed, NativeBackend
 from device_agent.domain import EntryPoint, EvaluatorConfig, Status
+from protos import hostinfo
 
 
 class CpuBackend(NativeBackend):

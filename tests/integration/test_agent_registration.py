@@ -16,10 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_agent import hostinfo
 from device_agent.config import AgentConfig
 from device_agent.server import create_server
-from protos import tracker_pb2, tracker_pb2_grpc
+from protos import hostinfo, tracker_pb2, tracker_pb2_grpc
 from tracker import server as tracker_server
 from tracker.config import TrackerConfig
 

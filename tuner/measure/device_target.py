@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from compiler.toolchain import TARGETS, BuildError, get_target, host_cpu_model, host_target_name
+from compiler.toolchain import TARGETS, BuildError, get_target, host_target_name
+from protos.hostinfo import cpu_tags
 
 # What each named target needs of a device: its arch and these features (empty: the base ISA).
 _NEEDS: dict[str, frozenset[str]] = {
@@ -56,7 +57,7 @@ def device_target(tags: Mapping[str, str]) -> str:
         raise TargetError(f"device arch {arch!r} has no compiler target (known: x86_64, aarch64)")
     if name == host_target_name() and tags.get("emulated") is None:
         cpu = tags.get("cpu")
-        if cpu is None or cpu == host_cpu_model():
+        if cpu is None or cpu == cpu_tags().get("cpu"):
             return "host"
     return name
 

@@ -6,10 +6,13 @@
 may use (x86_64-avx512 needs avx512f, x86_64-avx2 needs avx2 and fma, aarch64-neon needs neon), so
 a workstation can pick the target from ListDevices without logging in to the board. Names are the
 kernel's spellings (`avx512_vnni`, `asimddp`), except that the arm64 kernel's `asimd` is reported
-as `neon`, the name 32-bit arm kernels and our aarch64 target use. `cpu` is the model name as
-compiler.toolchain.host_cpu_model reads it (the first "model name", "Model" or "Hardware" line,
-whitespace collapsed), bounded in length; where the kernel prints none of these (arm64 servers),
+as `neon`, the name 32-bit arm kernels and our aarch64 target use. `cpu` is the model name (the first
+"model name", "Model" or "Hardware" line, whitespace collapsed), bounded in length; where the kernel prints none of these (arm64 servers),
 the CPU part number names the core instead. A host without /proc/cpuinfo (not Linux) gets no tags.
+
+It lives in protos because both sides of the tag contract read it: the agent tags its devices
+with `cpu_tags()`, and a workstation compares a device's `cpu` tag with its own to tell a device
+of its own kind (tuner.measure.device_target).
 """
 
 from __future__ import annotations
@@ -110,8 +113,6 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         if not colon:
             continue
         fields.setdefault(name.strip().lower(), value.strip())
-        # The first of these lines, as compiler.toolchain.host_cpu_model reads it: a workstation
-        # compares the two to tell a device of its own kind.
         if not model and name.strip() in ("model name", "Model", "Hardware"):
             model = " ".join(value.split())
     flag_line = fields.get("flags", fields.get("features"))

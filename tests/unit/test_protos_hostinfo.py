@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from device_agent import hostinfo
 from device_agent.backends import get_backend
+from protos import hostinfo
 from tracker import validation
 from tracker.model import DeviceSpec
 
