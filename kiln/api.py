@@ -21,7 +21,7 @@ import numpy as np
 
 from kiln.pool import Pool
 from tuner.loop import Callback, TuneProgress, tune
-from tuner.measure.builder import Builder, LocalBuilder
+from tuner.measure.builder import Builder
 from tuner.measure.result import EvaluatorConfig
 from tuner.options import TuneOptions
 from tuner.records import RecordStore, Workload, open_store
@@ -66,12 +66,12 @@ def _options(options: TuneOptions | None, trials: int | None) -> TuneOptions:
 
 
 @contextmanager
-def _builder(pool: Pool, options: TuneOptions, given: Builder | None) -> Iterator[Builder]:
-    """`given`, or a LocalBuilder for the pool's target closed on leaving."""
+def _builder(pool: Pool, given: Builder | None) -> Iterator[Builder]:
+    """`given`, or the pool's LocalBuilder, closed on leaving."""
     if given is not None:
         yield given
         return
-    own = LocalBuilder(target=pool.target, workers=2, per_unit=4, check=options.check)
+    own = pool.builder()
     try:
         yield own
     finally:
@@ -105,7 +105,7 @@ def tune_op(
     """
     task = op_task(op, shape)
     opts = _options(options, trials)
-    with _builder(pool, opts, builder) as build, closing(pool.runner(evaluator)) as runner:
+    with _builder(pool, builder) as build, closing(pool.runner(evaluator)) as runner:
         return tune(task, build, runner, opts, records=records, callbacks=callbacks)
 
 
@@ -131,7 +131,7 @@ def tune_network(
     opts = _options(options, trials)
     store = open_store(records) if isinstance(records, str | os.PathLike) else records
     try:
-        with _builder(pool, opts, builder) as build, closing(pool.runner(evaluator)) as runner:
+        with _builder(pool, builder) as build, closing(pool.runner(evaluator)) as runner:
             return _tune_network(
                 model,
                 build,

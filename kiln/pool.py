@@ -24,6 +24,7 @@ import grpc
 from protos import tracker_pb2
 from protos.auth import TlsFiles
 from protos.rpc_errors import explain_rpc_error
+from tuner.measure.builder import LocalBuilder
 from tuner.measure.device_target import check_target, device_target
 from tuner.measure.local_pool import LocalPool
 from tuner.measure.pool_runner import NoDeviceError, PoolConfig, PoolRunner
@@ -152,6 +153,14 @@ class Pool:
         if self.config is None:
             raise RuntimeError("the pool is not open: use it in a with block")
         return PoolRunner(self.config, evaluator, devices=self.devices, **kwargs)
+
+    def builder(self, workers: int = 2, per_unit: int = 4) -> LocalBuilder:
+        """A LocalBuilder for this pool's target (close it), on the cores the local devices are
+        not pinned to when they are, so builds do not disturb measurements."""
+        pinned = set(self.pin_cores)
+        cpus = tuple(sorted(os.sched_getaffinity(0) - pinned)) if pinned else ()
+        workers = min(workers, len(cpus)) if cpus else workers
+        return LocalBuilder(target=self.target, workers=workers, per_unit=per_unit, cpus=cpus)
 
     def describe(self) -> str:
         """One line: where the devices are and what they run."""

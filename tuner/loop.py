@@ -180,11 +180,11 @@ def _stands_for(records: list[rec.Record]) -> rec.Record:
 
 
 def timed_build(
-    builder: Builder, task: Task, indices: Sequence[int]
+    builder: Builder, task: Task, indices: Sequence[int], check: bool
 ) -> tuple[list[BuildResult], float]:
-    """`builder.build` of `indices`, and the seconds it took."""
+    """`builder.build` of `indices` (with references when `check`), and the seconds it took."""
     t0 = time.monotonic()
-    built = builder.build(task.workload, indices)
+    built = builder.build(task.workload, indices, check=check)
     return built, time.monotonic() - t0
 
 
@@ -214,11 +214,17 @@ def measure_built(
 
 
 def run_batch(
-    task: Task, builder: Builder, runner: Runner, indices: Sequence[int], progress: TuneProgress
+    task: Task,
+    builder: Builder,
+    runner: Runner,
+    indices: Sequence[int],
+    progress: TuneProgress,
+    check: bool,
 ) -> list[MeasureResult]:
-    """Build and measure `indices`; one result per index (a failed build is a BUILD_ERROR
-    result), with the time spent added to `progress`. Shared by `tune` and model tuning."""
-    built, seconds = timed_build(builder, task, indices)
+    """Build and measure `indices`, each checked against its reference on the device when
+    `check`; one result per index (a failed build is a BUILD_ERROR result), with the time spent
+    added to `progress`. Shared by `tune` and network tuning."""
+    built, seconds = timed_build(builder, task, indices, check)
     progress.build_s += seconds
     return measure_built(runner, built, progress)
 
@@ -231,6 +237,7 @@ def confirm_best(
     top: int,
     store: RecordStore | None = None,
     rounds: int = CONFIRM_ROUNDS,
+    check: bool = True,
 ) -> list[rec.Record]:
     """Measure the `top` fastest configs of `progress` again, `rounds` times, and settle its best.
 
@@ -253,7 +260,7 @@ def confirm_best(
     added: list[rec.Record] = []
     for round_ in range(rounds):
         order = indices if round_ % 2 == 0 else indices[::-1]
-        results = run_batch(task, builder, runner, order, progress)
+        results = run_batch(task, builder, runner, order, progress, check)
         stamp = rec.now_iso()
         batch = [
             rec.Record(
@@ -426,7 +433,7 @@ def _tune(
                 if not indices:
                     progress.stop_reason = "the config space is exhausted"
                     break
-                built, seconds = timed_build(builder, task, indices)
+                built, seconds = timed_build(builder, task, indices, options.check)
             else:
                 indices, future = ahead
                 ahead = None
@@ -436,7 +443,10 @@ def _tune(
             if executor is not None and room > 0:
                 following = ask(room, indices)
                 if following:
-                    ahead = (following, executor.submit(timed_build, builder, task, following))
+                    ahead = (
+                        following,
+                        executor.submit(timed_build, builder, task, following, options.check),
+                    )
             results = measure_built(runner, built, progress)
             stamp = rec.now_iso()
             batch = [
@@ -471,7 +481,7 @@ def _tune(
             f"causes: {_failure_summary(progress.history)}"
         )
     if options.confirm:
-        added = confirm_best(task, builder, runner, progress, options.confirm)
+        added = confirm_best(task, builder, runner, progress, options.confirm, check=options.check)
         for callback in callbacks:
             callback(progress, added)
         tick()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIVE_UP_AFTER_BATCHES = 2
-CONFIRM_TOP = 4  # the CLI's default: configs measured again at the end
+CONFIRM_TOP = 4  # configs measured again at the end, by default
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,14 @@ class TuneOptions:
         early_stop: end after this many trials without a better candidate (a network: per task;
             None: never).
         confirm: at the end, measure this many of the fastest configs again and keep the one
-            whose upper median is fastest (0 or 1: off).
+            whose upper median is fastest (0 or 1: off). On by default: one lucky measurement
+            should not pick the config a user builds.
         resume: read this workload's records on this target first, tell the searcher and count
             them toward the budget; never re-measure them.
         pipeline: build the next batch while this one is measured (the searcher then proposes
-            one batch of results behind).
+            one batch of results behind). Off by default: builds running beside measurements on
+            the same cores disturb them, so turn it on where the devices have cores of their own
+            (`kiln.Pool(pin_cores=...)`, a remote pool); the CLI does, pinning local devices.
         check: compare every candidate's outputs with a reference kernel on the device; a
             wrong answer is a WRONG_ANSWER record and never a best.
         give_up_after_batches: with no working candidate after this many batches, raise
@@ -40,7 +43,7 @@ class TuneOptions:
     seed: int = 0
     transfer: bool = True
     early_stop: int | None = None
-    confirm: int = 0
+    confirm: int = CONFIRM_TOP
     resume: bool = False
     pipeline: bool = False
     check: bool = True

@@ -309,14 +309,6 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
     return pool
 
 
-def builder(args: argparse.Namespace, pool: Pool, check: bool) -> LocalBuilder:
-    """The local builder of the build flags, for the pool's target (close it); on the cores
-    the pool's local devices are not pinned to, when they are."""
-    from tuner.measure.builder import LocalBuilder
-
-    pinned = set(pool.pin_cores)
-    cpus = tuple(sorted(os.sched_getaffinity(0) - pinned)) if pinned else ()
-    workers = min(args.build_workers, len(cpus)) if cpus else args.build_workers
-    return LocalBuilder(
-        target=pool.target, workers=workers, per_unit=args.per_unit, cpus=cpus, check=check
-    )
+def builder(args: argparse.Namespace, pool: Pool) -> LocalBuilder:
+    """The local builder of the build flags, for the pool's target (close it)."""
+    return pool.builder(workers=args.build_workers, per_unit=args.per_unit)

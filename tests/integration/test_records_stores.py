@@ -95,7 +95,9 @@ class SymbolBuilder:
 
     target = "fake-target"
 
-    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+    def build(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
         out = []
         for i in indices:
             data = f"config {i}".encode()
@@ -130,7 +132,7 @@ def test_an_interrupted_run_resumes_from_either_store(store: RecordStore) -> Non
             task,
             SymbolBuilder(),
             InterruptedRunner(config_seconds=seconds),
-            TuneOptions(trials=30, batch_size=4, tuner="random"),
+            TuneOptions(trials=30, batch_size=4, tuner="random", confirm=0),
             records=store,
         )
     kept = {r.config_index for r in store.load(WL, "fake-target")}
@@ -140,7 +142,7 @@ def test_an_interrupted_run_resumes_from_either_store(store: RecordStore) -> Non
         task,
         SymbolBuilder(),
         runner,
-        TuneOptions(trials=30, batch_size=4, resume=True),
+        TuneOptions(trials=30, batch_size=4, resume=True, confirm=0),
         searcher=RandomSearch(len(task.space), seed=7),
         records=store,
     )

@@ -87,7 +87,9 @@ class FakeBuilder:
     def __init__(self) -> None:
         self.built: list[tuple[rec.Workload, int]] = []
 
-    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+    def build(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
         out = []
         for i in indices:
             self.built.append((workload, i))
@@ -348,3 +350,47 @@ def test_a_config_changing_channel_blocks_must_pay_for_the_conversions(
     assert pick(1.0, 1.0 - margin - cost / 2) == keeps  # faster, but not by the conversions
     assert pick(1.0, 1.0 - margin / 2) == keeps  # faster, but within the margin
     assert pick(1.0, 1.0 - margin - 2 * cost) == moves
+
+
+def matmul_net() -> Graph:
+    """x @ W1 -> Relu -> @ W2: two matmul tasks, quick to lower (transfer models lower configs)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((32, 64)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((64, 16)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (8, 32))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("transfer", [True, False])
+def test_the_tasks_a_transfer_model_started_are_reported(tmp_path: Path, transfer: bool) -> None:
+    """With records of the other task in the store, each task's xgb searcher starts from a
+    model of them, and the result says which (the CLI prints how many)."""
+    graph = matmul_net()
+    store = FileRecords(tmp_path / "r.jsonl")
+    run(graph, store, 16)  # random search: records of every task
+    result = tune_network(
+        graph,
+        FakeBuilder(),
+        FakeRunner(latency_by(uniform)),
+        TuneOptions(trials=24, batch_size=4, confirm=0, transfer=transfer),
+        store=store,
+    )
+    assert len(result.tasks) == 2
+    if transfer:
+        assert set(result.transfer) == {t.best.workload for t in result.tasks if t.best}
+        assert all("other workloads" in note for note in result.transfer.values())
+    else:
+        assert result.transfer == {}

@@ -213,6 +213,34 @@ def test_transfer_guides_every_other_pick_of_the_next_batches() -> None:
     assert fourth[0::2] != ranked[16:20]
 
 
+@pytest.mark.parametrize("min_ok", [8, 2000])  # the model takes over; transfer all along
+def test_with_transfer_no_config_is_proposed_twice_to_the_end_of_the_space(min_ok: int) -> None:
+    """The transfer model's plan, the random order and the cost model's plan overlap; whichever
+    hands out a config, it is proposed once, and asking on exhausts the space exactly."""
+    seconds = _peak(SMALL, 4)
+
+    def transfer(idx: np.ndarray) -> np.ndarray:
+        return -np.asarray([seconds(int(i)) for i in idx])  # a good model: faster is better
+
+    s = XGBSearcher(
+        SMALL,
+        seed=4,
+        transfer=transfer,
+        transfer_sample=len(SMALL),
+        transfer_until=len(SMALL),
+        min_ok=min_ok,
+    )
+    seen: list[int] = []
+    for _ in range(len(SMALL) // 8 + 2):  # bounded: 180 asks of 8 exhaust 1440 configs
+        batch = s.ask(8)
+        if not batch:
+            break
+        seen.extend(batch)
+        s.tell(batch, [_ok(seconds(i)) for i in batch])
+    assert len(seen) == len(set(seen)) == len(SMALL)
+    assert s.ask(8) == []
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="epsilon"):
         XGBSearcher(SMALL, epsilon=2.0)
@@ -245,7 +273,9 @@ class _NamedBuilder:
 
     target = "fake-target"
 
-    def build(self, workload: Workload, indices: Sequence[int]) -> list[BuildResult]:
+    def build(
+        self, workload: Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
         out = []
         for i in indices:
             data = str(i).encode()

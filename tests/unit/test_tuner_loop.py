@@ -31,7 +31,9 @@ class FakeBuilder:
     def __init__(self, broken: Sequence[int] = ()) -> None:
         self.broken = set(broken)
 
-    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+    def build(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
         out = []
         for i in indices:
             if i in self.broken:
@@ -70,7 +72,7 @@ def test_loop_records_every_candidate_and_finds_the_fastest(tmp_path: Path) -> N
         task,
         FakeBuilder(broken=[0]),
         runner,
-        TuneOptions(trials=size, batch_size=5, tuner="random"),
+        TuneOptions(trials=size, batch_size=5, tuner="random", confirm=0),
         records=path,
     )
     assert progress.trials == size
@@ -89,7 +91,7 @@ def test_a_space_where_nothing_builds_ends_with_a_clear_error() -> None:
             task,
             FakeBuilder(broken=range(len(task.space))),
             FakeRunner(seconds_by_index),
-            TuneOptions(trials=10, tuner="random"),
+            TuneOptions(trials=10, tuner="random", confirm=0),
         )
 
 
@@ -140,7 +142,7 @@ def test_without_confirm_the_lucky_measurement_wins() -> None:
         Task(WL),
         FakeBuilder(),
         FakeRunner(LuckyOnce()),
-        TuneOptions(trials=8, batch_size=8),
+        TuneOptions(trials=8, batch_size=8, confirm=0),
         searcher=ListSearch(list(range(8))),
     )
     assert progress.best is not None and progress.best.config_index == 7
@@ -177,7 +179,9 @@ class OverlapProbe:
         self.wait_s = wait_s
         self.fake = FakeRunner(seconds_by_index)
 
-    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+    def build(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
         with self.cond:
             self.builds += 1
             self.cond.notify_all()
@@ -205,7 +209,7 @@ def test_pipeline_builds_the_next_batch_while_this_one_is_measured(tmp_path: Pat
         Task(WL),
         probe,
         probe,
-        TuneOptions(trials=20, batch_size=4, pipeline=True),
+        TuneOptions(trials=20, batch_size=4, pipeline=True, confirm=0),
         searcher=RandomSearch(space, seed=1),
         records=path,
     )
@@ -222,7 +226,7 @@ def test_without_pipeline_the_devices_wait_for_each_build() -> None:
         Task(WL),
         probe,
         probe,
-        TuneOptions(trials=8, batch_size=4),
+        TuneOptions(trials=8, batch_size=4, confirm=0),
         searcher=RandomSearch(len(Task(WL).space), seed=1),
     )
     assert probe.builds == 2 and probe.overlapped == [False, False]
@@ -235,7 +239,7 @@ def test_pipeline_drops_the_batch_built_ahead_when_tuning_stops_early(tmp_path: 
         Task(WL),
         builder,
         FakeRunner(lambda art: 1.0),
-        TuneOptions(trials=64, batch_size=4, early_stop=8, pipeline=True),
+        TuneOptions(trials=64, batch_size=4, early_stop=8, pipeline=True, confirm=0),
         searcher=RandomSearch(len(Task(WL).space), seed=2),
         records=path,
     )
@@ -247,6 +251,35 @@ def test_pipeline_drops_the_batch_built_ahead_when_tuning_stops_early(tmp_path: 
 class CountingBuilder(FakeBuilder):
     built = 0
 
-    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+    def build(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
         self.built += len(indices)
         return super().build(workload, indices)
+
+
+class CheckRecordingBuilder(FakeBuilder):
+    """Remembers the `check` of every build call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks: list[bool] = []
+
+    def build(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
+        self.checks.append(check)
+        return super().build(workload, indices)
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_the_run_options_check_reaches_every_build_of_any_builder(check: bool) -> None:
+    """The check is the run's choice, not the builder's: batches built ahead by the pipeline
+    and the confirmation rounds ask the same."""
+    builder = CheckRecordingBuilder()
+    options = TuneOptions(
+        trials=24, batch_size=8, tuner="random", confirm=2, pipeline=True, check=check
+    )
+    progress = tune(Task(WL), builder, FakeRunner(seconds_by_index), options)
+    assert progress.confirmations  # the confirmation rounds built too
+    assert len(builder.checks) >= 4 and set(builder.checks) == {check}

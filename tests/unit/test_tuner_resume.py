@@ -37,7 +37,9 @@ class FakeBuilder:
         self.broken = set(broken)
         self.calls = 0
 
-    def build(self, workload: rec.Workload, indices: Sequence[int]) -> list[BuildResult]:
+    def build(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
         self.calls += 1
         out = []
         for i in indices:
@@ -97,7 +99,7 @@ def test_an_interrupted_run_resumes_without_remeasuring_and_ends_at_the_budget(
             task,
             FakeBuilder(),
             first,
-            TuneOptions(trials=40, batch_size=5, tuner="random"),
+            TuneOptions(trials=40, batch_size=5, tuner="random", confirm=0),
             records=store,
         )
     kept = store.load()
@@ -110,7 +112,7 @@ def test_an_interrupted_run_resumes_without_remeasuring_and_ends_at_the_budget(
         task,
         FakeBuilder(),
         second,
-        TuneOptions(trials=40, batch_size=5, resume=True),
+        TuneOptions(trials=40, batch_size=5, resume=True, confirm=0),
         searcher=RandomSearch(len(task.space), seed=1),
         records=store,
         callbacks=[on_progress(lambda p: seen.append(p.trials))],
@@ -133,7 +135,7 @@ def test_resume_trains_the_model_searcher_on_records_it_never_asked_for(tmp_path
         task,
         FakeBuilder(),
         FakeRunner(faster_with_index),
-        TuneOptions(trials=12, batch_size=4, tuner="random"),
+        TuneOptions(trials=12, batch_size=4, tuner="random", confirm=0),
         records=store,
     )
     earlier = {r.config_index for r in store.load()}
@@ -143,7 +145,7 @@ def test_resume_trains_the_model_searcher_on_records_it_never_asked_for(tmp_path
         task,
         FakeBuilder(),
         runner,
-        TuneOptions(trials=24, batch_size=4, resume=True),
+        TuneOptions(trials=24, batch_size=4, resume=True, confirm=0),
         searcher=searcher,
         records=store,
     )
@@ -174,7 +176,7 @@ def test_resume_uses_only_this_target_and_this_space(tmp_path: Path) -> None:
         task,
         FakeBuilder(),
         FakeRunner(faster_with_index),
-        TuneOptions(trials=6, batch_size=3, resume=True, tuner="random"),
+        TuneOptions(trials=6, batch_size=3, resume=True, tuner="random", confirm=0),
         records=store,
     )
     assert progress.resumed == 1 and progress.trials == 6
@@ -188,7 +190,7 @@ def test_early_stop_ends_the_run_after_n_trials_without_improvement(tmp_path: Pa
         task,
         FakeBuilder(),
         FakeRunner(lambda art: 1.0),
-        TuneOptions(trials=100, batch_size=3, early_stop=7, tuner="random"),
+        TuneOptions(trials=100, batch_size=3, early_stop=7, tuner="random", confirm=0),
         records=store,
     )
     # best at trial 1; 7 more trials without improvement are done after the third batch
@@ -207,7 +209,7 @@ def test_early_stop_counts_from_the_latest_improvement() -> None:
         task,
         FakeBuilder(),
         FakeRunner(improving_until_10),
-        TuneOptions(trials=100, batch_size=2, early_stop=4),
+        TuneOptions(trials=100, batch_size=2, early_stop=4, confirm=0),
         searcher=InOrder(),
     )
     # configs 0..10 keep improving; 11.. do not: best at trial 11, stop once 4 more are done
@@ -235,7 +237,9 @@ def test_a_template_whose_every_config_fails_ends_after_two_batches() -> None:
     builder = FakeBuilder(broken=range(len(task.space)))
     runner = FakeRunner(faster_with_index)
     with pytest.raises(TuningError) as info:
-        tune(task, builder, runner, TuneOptions(trials=1000, batch_size=4, tuner="random"))
+        tune(
+            task, builder, runner, TuneOptions(trials=1000, batch_size=4, tuner="random", confirm=0)
+        )
     message = str(info.value)
     assert builder.calls == 2 and runner.measured == []  # not the whole budget of 1000
     assert "in the first 8 trials (2 batches); giving up" in message
@@ -252,7 +256,7 @@ def test_runtime_failures_everywhere_also_end_early_naming_the_cause() -> None:
             Task(WL),
             FakeBuilder(),
             FakeRunner(crash),
-            TuneOptions(trials=500, batch_size=3, tuner="random"),
+            TuneOptions(trials=500, batch_size=3, tuner="random", confirm=0),
         )
 
 
@@ -263,7 +267,7 @@ def test_failures_after_a_resumed_success_do_not_give_up(tmp_path: Path) -> None
         task,
         FakeBuilder(),
         FakeRunner(faster_with_index),
-        TuneOptions(trials=4, batch_size=4, tuner="random"),
+        TuneOptions(trials=4, batch_size=4, tuner="random", confirm=0),
         records=store,
     )
     broken = FakeBuilder(broken=range(len(task.space)))
@@ -271,7 +275,7 @@ def test_failures_after_a_resumed_success_do_not_give_up(tmp_path: Path) -> None
         task,
         broken,
         FakeRunner(faster_with_index),
-        TuneOptions(trials=16, batch_size=4, resume=True, tuner="random"),
+        TuneOptions(trials=16, batch_size=4, resume=True, tuner="random", confirm=0),
         records=store,
     )
     assert progress.trials == 16 and progress.errors == 12 and broken.calls == 3
@@ -298,7 +302,7 @@ def test_time_accounting_takes_the_searchers_model_seconds() -> None:
         task,
         FakeBuilder(),
         FakeRunner(faster_with_index),
-        TuneOptions(trials=12, batch_size=4),
+        TuneOptions(trials=12, batch_size=4, confirm=0),
         searcher=searcher,
     )
     assert searcher.asks == 3 and progress.model_s == pytest.approx(0.75)
@@ -313,7 +317,7 @@ def test_resume_without_a_store_is_a_clear_error() -> None:
             Task(WL),
             FakeBuilder(),
             FakeRunner(faster_with_index),
-            TuneOptions(trials=4, resume=True, tuner="random"),
+            TuneOptions(trials=4, resume=True, tuner="random", confirm=0),
         )
 
 

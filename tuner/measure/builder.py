@@ -194,8 +194,10 @@ def _build_unit(workload: Workload, indices: Sequence[int], target: str) -> list
 class Builder(Protocol):
     target: str
 
-    def build(self, workload: Workload, indices: Sequence[int]) -> list[BuildResult]:
-        """One BuildResult per index, in order."""
+    def build(
+        self, workload: Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
+        """One BuildResult per index, in order; with `check`, each carries its reference."""
         ...
 
     def close(self) -> None: ...
@@ -255,8 +257,6 @@ class LocalBuilder:
         cache_dir: the compile cache directory (None: $KILN_CACHE_DIR, else ~/.cache/kiln/build).
         cpus: cores the build workers and their compilers may run on (empty: any), e.g. to keep
             builds off the core a local agent is pinned to.
-        check: build each candidate's reference kernel too (`BuildResult.reference`), for the
-            device to check the candidate's outputs against.
 
     Raises:
         ValueError: workers or per_unit below 1, or a core this process may not use.
@@ -269,7 +269,6 @@ class LocalBuilder:
         per_unit: int = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cpus: Sequence[int] = (),
-        check: bool = False,
     ) -> None:
         if workers < 1 or per_unit < 1:
             raise ValueError(f"workers and per_unit must be >= 1, got {workers} and {per_unit}")
@@ -281,7 +280,6 @@ class LocalBuilder:
             )
         self.target = target
         self.per_unit = per_unit
-        self.check = check
         self._cache_dir = None if cache_dir is None else str(Path(cache_dir))
         self._pool: ProcessPoolExecutor | None = None
         self._async: ThreadPoolExecutor | None = None
@@ -298,22 +296,26 @@ class LocalBuilder:
         """How `indices` are grouped into translation units, in order."""
         return [list(indices[i : i + self.per_unit]) for i in range(0, len(indices), self.per_unit)]
 
-    def build(self, workload: Workload, indices: Sequence[int]) -> list[BuildResult]:
-        """One BuildResult per index, in order; never raises for a bad config."""
+    def build(
+        self, workload: Workload, indices: Sequence[int], check: bool = False
+    ) -> list[BuildResult]:
+        """One BuildResult per index, in order; never raises for a bad config. With `check`,
+        each result carries its reference kernel (`BuildResult.reference`), for the device to
+        check the candidate's outputs against."""
         units = self.units(indices)
         if self._pool is None:
             with _cache_env(self._cache_dir):
-                return [r for u in units for r in build_unit(workload, u, self.target, self.check)]
-        futures = [
-            self._pool.submit(build_unit, workload, u, self.target, self.check) for u in units
-        ]
+                return [r for u in units for r in build_unit(workload, u, self.target, check)]
+        futures = [self._pool.submit(build_unit, workload, u, self.target, check) for u in units]
         return [r for f in futures for r in f.result()]
 
-    def build_async(self, workload: Workload, indices: Sequence[int]) -> Future[list[BuildResult]]:
+    def build_async(
+        self, workload: Workload, indices: Sequence[int], check: bool = False
+    ) -> Future[list[BuildResult]]:
         """Start building; the Future gives what `build` would. Builds run one batch at a time."""
         if self._async is None:
             self._async = ThreadPoolExecutor(1, thread_name_prefix="kiln-build")
-        return self._async.submit(self.build, workload, list(indices))
+        return self._async.submit(self.build, workload, list(indices), check)
 
     def close(self) -> None:
         """Stop the build workers now: a build still running is abandoned, its worker ended.

@@ -160,6 +160,8 @@ class ModelTuneResult:
     curve: list[tuple[int, float]]
     schedule: ScheduleResult
     target: str
+    transfer: dict[rec.Workload, str] = field(default_factory=dict)
+    """The tasks whose searcher a transfer model started, with its note."""
 
     @property
     def trials(self) -> int:
@@ -185,6 +187,7 @@ class _TaskRun:
     runner: Runner
     store: RecordStore | None
     target: str
+    check: bool
     progress: TuneProgress = field(default_factory=TuneProgress)
     measured: set[int] = field(default_factory=set)
 
@@ -208,7 +211,7 @@ class _TaskRun:
         indices = [i for i in dict.fromkeys(asked) if i not in self.measured]
         if not indices:
             return []
-        results = run_batch(task, self.builder, self.runner, indices, self.progress)
+        results = run_batch(task, self.builder, self.runner, indices, self.progress, self.check)
         stamp = rec.now_iso()
         size = len(task.space)
         batch = [
@@ -235,14 +238,21 @@ def _estimate(runs: list[_TaskRun]) -> float:
 
 
 def default_searcher_factory(
-    options: TuneOptions, store: RecordStore | None, target: str, records_target: str
+    options: TuneOptions,
+    store: RecordStore | None,
+    target: str,
+    records_target: str,
+    notes: dict[rec.Workload, str] | None = None,
 ) -> SearcherFactory:
-    """Each task's searcher as `searcher_for` makes it, restricted to `valid` configs."""
+    """Each task's searcher as `searcher_for` makes it, restricted to `valid` configs; the
+    transfer model's note of each task that has one goes into `notes`."""
 
     def factory(task: Task, valid: Callable[[int], bool]) -> Searcher:
         searcher, note = searcher_for(task, options, store, target, records_target, valid)
         if note:
             _LOG.info("%s: %s", task.workload, note)
+            if notes is not None:
+                notes[task.workload] = note
         return searcher
 
     return factory
@@ -288,9 +298,14 @@ def tune_network(
         _LOG.info("not tuned: %s x%d: %s", spec.anchor_op, spec.weight, spec.note)
     target = compiler_target(builder.target)
     records_target = target_name(builder.target)
-    factory = searcher_factory or default_searcher_factory(options, store, target, records_target)
+    transfer: dict[rec.Workload, str] = {}
+    factory = searcher_factory or default_searcher_factory(
+        options, store, target, records_target, transfer
+    )
     runs = [
-        _TaskRun(mt, factory(mt.task, mt.fits), builder, runner, store, records_target)
+        _TaskRun(
+            mt, factory(mt.task, mt.fits), builder, runner, store, records_target, options.check
+        )
         for mt in tunable
     ]
     resumed = sum(run.resume() for run in runs) if options.resume else 0
@@ -334,7 +349,15 @@ def tune_network(
     ).run()
     for run in runs:
         if options.confirm and run.progress.best is not None:
-            confirm_best(run.mt.task, builder, runner, run.progress, options.confirm, store)
+            confirm_best(
+                run.mt.task,
+                builder,
+                runner,
+                run.progress,
+                options.confirm,
+                store,
+                check=options.check,
+            )
     outcomes = {o.name: o for o in schedule.tasks}
     reports = [
         TaskReport(
@@ -348,7 +371,7 @@ def tune_network(
         )
         for run in runs
     ]
-    return ModelTuneResult(reports, skipped, curve, schedule, records_target)
+    return ModelTuneResult(reports, skipped, curve, schedule, records_target, transfer)
 
 
 # What converting data between channel blocks costs, per byte of the tensor converted (read and
