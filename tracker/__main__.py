@@ -42,6 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--heartbeat-interval-s", type=float, default=2.0)
     parser.add_argument("--lease-ttl-s", type=float, default=30.0, help="default lease TTL")
     parser.add_argument(
+        "--startup-grace-s",
+        type=float,
+        default=TrackerConfig.startup_grace_s,
+        help="for this long after start, a request no registered device matches waits for its "
+        "agents to register again instead of failing at once (default %(default)s; 0: fail fast)",
+    )
+    parser.add_argument(
         "--store",
         default="memory",
         help=f"memory (default) or a redis URL; schemes: {', '.join(AVAILABLE_STORES)}",
@@ -152,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             default_lease_ttl_s=args.lease_ttl_s,
             max_lease_ttl_s=max(args.lease_ttl_s, TrackerConfig.max_lease_ttl_s),
             store=args.store,
+            startup_grace_s=args.startup_grace_s,
         )
         tracker = create_server(
             args.listen, config, secrets=secrets, tls=tls, metrics_port=args.metrics_port

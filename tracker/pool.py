@@ -197,7 +197,14 @@ class DevicePool:
                     break
                 if recheck_at is not None and now >= recheck_at:
                     recheck_at = None
-                    if self._still_unregistered(request):
+                    # The store is asked without the lock: a slow answer (Redis) must not hold
+                    # up grants to every other waiter. A lease granted meanwhile wins.
+                    self._cond.release()
+                    try:
+                        unknown = self._still_unregistered(request)
+                    finally:
+                        self._cond.acquire()
+                    if unknown and waiter.lease is None:
                         break  # answered below with the reason, like a wait that timed out
                     continue
                 step = min(remaining, _CANCEL_POLL_S)

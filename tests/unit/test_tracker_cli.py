@@ -27,6 +27,12 @@ def test_bad_heartbeat_interval_exits(capsys: pytest.CaptureFixture[str]) -> Non
     assert "heartbeat_interval_s must be > 0" in capsys.readouterr().err
 
 
+def test_a_negative_startup_grace_exits_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--listen", "127.0.0.1:0", "--startup-grace-s", "-1"])
+    assert "startup_grace_s must be >= 0" in capsys.readouterr().err
+
+
 def test_config_rejects_default_ttl_above_max() -> None:
     with pytest.raises(ValueError, match="default_lease_ttl_s"):
         TrackerConfig(default_lease_ttl_s=100, max_lease_ttl_s=10)

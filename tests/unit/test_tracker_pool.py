@@ -216,6 +216,46 @@ def test_the_startup_grace_ends_with_the_unregistered_reason(clock: FakeClock) -
         pool.close()
 
 
+class SlowLookupStore(MemoryStore):
+    """A store whose device listing for key "slow" blocks until `go` is set (a Redis round trip
+    that takes its time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def devices(self, key: str = "") -> list[Any]:
+        if key == "slow":
+            self.entered.set()
+            self.go.wait(WAIT_S)
+        return super().devices(key)
+
+
+def test_the_check_at_the_end_of_the_grace_does_not_stall_other_waiters(clock: FakeClock) -> None:
+    """The store is asked without the pool's lock: a slow answer for one waiter's selector
+    must not hold up a grant to another."""
+    store = SlowLookupStore()
+    pool = DevicePool(store, dataclasses.replace(CONFIG, startup_grace_s=0.3), clock=clock)
+    try:
+        register(pool, "a", DeviceSpec("", "k"))
+        held = take(pool, key="k")
+        slow, slow_results = acquire_in_thread(pool, LeaseRequest(key="slow", timeout_s=60.0))
+        assert store.entered.wait(WAIT_S)  # the grace ended; its check is in the store now
+        other, other_results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=WAIT_S))
+        wait_for_waiters(pool, 2)
+        pool.release(held.lease_id)
+        other.join(WAIT_S)
+        assert other_results and other_results[0].lease is not None
+        assert slow.is_alive()  # still in the store: the grant did not wait for it
+        store.go.set()
+        slow.join(WAIT_S)
+        assert slow_results[0].reason == "no registered device matches key='slow' tags={}"
+    finally:
+        store.go.set()
+        pool.close()
+
+
 def test_priority_then_fifo(pool: DevicePool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     held = take(pool, key="k")

@@ -115,6 +115,9 @@ class LocalPool:
                 str(self.heartbeat_interval_s),
                 "--token-file",
                 str(self.secrets_path),
+                # A new pool, not a restart: its agents register before anyone asks.
+                "--startup-grace-s",
+                "0",
             ],
         )
         for i in range(self.n_agents):
