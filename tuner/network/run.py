@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.graph.build_model import MODEL_ENTRY, ModelArtifact, TensorSpec
-from compiler.toolchain import TARGETS
 from tuner.measure import MeasureResult, Status
+from tuner.measure.device_target import TargetError, check_target
 from tuner.measure.pool_runner import PoolRunner
 
 
@@ -62,21 +62,6 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray]) ->
     return out
 
 
-def check_target(model: ModelArtifact, device_id: str, tags: Mapping[str, str]) -> None:
-    """Raise ModelRunError unless the device's `arch` tag is the artifact target's arch."""
-    target = model.artifact.target
-    if target not in TARGETS:
-        raise ModelRunError(
-            f"artifact target {target!r} is unknown (known: {', '.join(sorted(TARGETS))})"
-        )
-    want, have = TARGETS[target].arch, tags.get("arch", "")
-    if have != want:
-        raise ModelRunError(
-            f"device {device_id} is arch {have or '(none)'}; the artifact is built for "
-            f"{target} ({want})"
-        )
-
-
 def run_model(
     model: ModelArtifact, feeds: Mapping[str, np.ndarray], runner: PoolRunner
 ) -> ModelRun:
@@ -88,7 +73,10 @@ def run_model(
     """
     inputs = check_feeds(model.inputs, feeds)
     device_id, tags = runner.device_tags()
-    check_target(model, device_id, tags)
+    try:
+        check_target(model.artifact.target, tags, f"device {device_id}")
+    except TargetError as exc:
+        raise ModelRunError(str(exc)) from None
     art = model.artifact
     if all(e.symbol != MODEL_ENTRY for e in art.entries):
         raise ModelRunError(f"the artifact has no {MODEL_ENTRY!r} entry: build it again")
