@@ -22,17 +22,26 @@ worst case's median over seeds, for each searcher.
 Phase 3: time to score 10,000 candidates (features and model prediction) with a model fitted on
 the sgemm measurements.
 
+Check cost (before phase 1, on the fresh pool): what checking every candidate on the device costs.
+`--check-configs` (default: `--budget`) random valid sgemm 1024 configs go through build and measurement twice, in
+batches of `--batch`, the two arms interleaved batch by batch (which goes first alternates):
+checked (each candidate's reference kernel built beside it, uploaded, run once per layout on the
+device, and the candidate's outputs compared with it) and unchecked. Each arm builds into a cache
+of its own, so every compile is real. check_overhead = (checked - unchecked) / unchecked, over
+build plus measurement time done in turn; a pipelined run hides some of the building, so this is
+an upper bound of what it adds to a run's wall time.
+
 With `--exhaustive` every valid config of each case is measured first (sgemm 1024 on AVX2:
 1,960 configs, about 15 minutes), so the best known is the true best of the space the searchers
 draw from and phase 2 measures nothing; `--table FILE` keeps those measurements, and a later run
 with the same file replays any number of seeds in seconds (`--no-real-run` skips phase 1).
 
     python benchmarks/tuning.py [--seeds 5] [--budget 200] [--batch 8] [--only sgemm,conv]
-        [--exhaustive] [--table build/tuning_table.json] [--no-real-run]
+        [--exhaustive] [--table build/tuning_table.json] [--no-real-run] [--check-configs N]
         [--tvm-python /tmp/tvmvenv/bin/python]   # MetaSchedule, same sgemm and budget (see README)
 
 Ends with:
-tuning: trials_to_95_median=<n> random_trials_to_95_median=<n> wall_s_sgemm1024=<s> model_share=<f> score_10k_ms=<ms>
+tuning: trials_to_95_median=<n> random_trials_to_95_median=<n> wall_s_sgemm1024=<s> model_share=<f> score_10k_ms=<ms> check_overhead=<f>
 """
 
 from __future__ import annotations
@@ -185,6 +194,67 @@ def simulate(
     return run
 
 
+@dataclass
+class CheckCost:
+    """Seconds each arm of the check A/B spent building and measuring the same configs."""
+
+    build_s: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    run_s: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    configs: int = 0
+    wrong: int = 0
+
+    def total(self, checked: bool) -> float:
+        return self.build_s[checked] + self.run_s[checked]
+
+    @property
+    def overhead(self) -> float:
+        return self.total(True) / self.total(False) - 1.0
+
+
+def check_cost(
+    task: Task, target: str, runner: PoolRunner, n: int, batch: int, tmp: str
+) -> CheckCost:
+    """Build and measure `n` random valid configs of `task` checked and unchecked, the arms
+    interleaved batch by batch, each arm with a compile cache of its own (see the docstring)."""
+    rng = np.random.default_rng(1)
+    valid = valid_fn(task)
+    indices: list[int] = []
+    while len(indices) < n:
+        i = int(rng.integers(len(task.space)))
+        if valid(i) and i not in indices:
+            indices.append(i)
+    builders = {
+        checked: LocalBuilder(
+            target=target,
+            workers=1,
+            per_unit=4,
+            cpus=[BUILD_CORE],
+            cache_dir=Path(tmp) / f"cache-{'checked' if checked else 'plain'}",
+        )
+        for checked in (True, False)
+    }
+    cost = CheckCost(configs=n)
+    try:
+        for b, start in enumerate(range(0, n, batch)):
+            chunk = indices[start : start + batch]
+            for checked in (True, False) if b % 2 == 0 else (False, True):
+                t0 = time.perf_counter()
+                built = builders[checked].build(task.workload, chunk, check=checked)
+                t1 = time.perf_counter()
+                ok = [x for x in built if x.artifact is not None]
+                arts = [x.artifact for x in ok if x.artifact is not None]
+                refs = [x.reference for x in ok] if checked else []
+                results = runner.run(arts, refs)
+                cost.build_s[checked] += t1 - t0
+                cost.run_s[checked] += time.perf_counter() - t1
+                if checked:
+                    cost.wrong += sum(r.status is Status.WRONG_ANSWER for r in results)
+    finally:
+        for builder in builders.values():
+            builder.close()
+    return cost
+
+
 def kernels_best_index(task: Task, target: str) -> int | None:
     if not BEST_FILE.exists():
         return None
@@ -283,9 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-real-run", action="store_true", help="skip phase 1")
     parser.add_argument(
+        "--check-configs",
+        type=int,
+        default=None,
+        help="sgemm configs of the check-cost A/B, built and measured in both arms (default: "
+        "--budget, as many as a run; 0: skip)",
+    )
+    parser.add_argument(
         "--no-pipeline", action="store_true", help="phase 1 builds and measures in turn"
     )
     args = parser.parse_args(argv)
+    if args.check_configs is None:
+        args.check_configs = args.budget
     groups = args.only.split(",")
     cache: dict[str, dict[str, float | None]] = {}
     if args.table and Path(args.table).exists():
@@ -301,9 +380,21 @@ def main(argv: list[str] | None = None) -> int:
         config = PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token)
         runner = PoolRunner(config, evaluator)
         builder = LocalBuilder(target=target, workers=1, per_unit=4, cpus=[BUILD_CORE])
+        cost: CheckCost | None = None
         try:
-            # -- phase 1: the real run ------------------------------------------------------------
             sgemm = Task(CASES["sgemm"][0].workload)
+            # -- check cost: first, while the agent has run no reference --------------------------
+            if args.check_configs > 0:
+                cost = check_cost(sgemm, target, runner, args.check_configs, args.batch, tmp)
+                print(
+                    f"check cost: {cost.configs} sgemm 1024 configs, checked / unchecked: build "
+                    f"{cost.build_s[True]:.1f} / {cost.build_s[False]:.1f} s, measure "
+                    f"{cost.run_s[True]:.1f} / {cost.run_s[False]:.1f} s, in all "
+                    f"{cost.total(True):.1f} / {cost.total(False):.1f} s = "
+                    f"{cost.overhead:+.1%}; {cost.wrong} wrong answers",
+                    flush=True,
+                )
+            # -- phase 1: the real run ------------------------------------------------------------
             wall_s = share = float("nan")
             ours_gf = numpy_gf = float("nan")
             real: list[rec.Record] = []
@@ -320,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                         batch_size=args.batch,
                         confirm=CONFIRM_TOP,
                         pipeline=not args.no_pipeline,
+                        check=True,
                     ),
                     searcher=searcher,
                     records=records_path,
@@ -433,9 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     # The key figures are the worst case's medians over seeds.
     trials = max(model_medians, default=float("nan"))
     random_trials = max(random_medians, default=float("nan"))
+    overhead = cost.overhead if cost is not None else float("nan")
     print(
         f"tuning: trials_to_95_median={trials:g} random_trials_to_95_median={random_trials:g} "
-        f"wall_s_sgemm1024={wall_s:.1f} model_share={share:.3f} score_10k_ms={score_ms:.1f}"
+        f"wall_s_sgemm1024={wall_s:.1f} model_share={share:.3f} score_10k_ms={score_ms:.1f} "
+        f"check_overhead={overhead:.3f}"
     )
     return 0
 

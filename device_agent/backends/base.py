@@ -12,6 +12,7 @@ candidate's fresh outputs with them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -75,11 +76,13 @@ class Backend(ABC):
         """Run or measure `job`; failures are results."""
 
 
-# Bytes of reference outputs a native backend keeps. One task's reference output is a few MiB at
-# most (sgemm 1024: 4 MiB, ResNet-18's largest activation 3.2 MB), so this holds the references of
-# the tasks a tuning run interleaves, while a board's executor child (whose address space the agent
-# caps) stays small; a miss costs only one run of a reference.
-REFERENCE_CACHE_BYTES = 64 * 1024 * 1024
+# Bytes of reference outputs a native backend keeps. A task has one reference per argument layout
+# its configs use (dense: one per (nr, kc), 20 of sgemm 1024's valid configs on AVX-512, 4 MiB of
+# output each), and a search visits them in no order, so the store must hold a task's layouts at
+# once: at 64 MiB (16 of them) a run over 200 random sgemm configs re-ran evicted references, and
+# checking added 37% to the measuring time. Bounded still, so a board's executor child (whose address space
+# the agent caps, 8 GiB by default) stays small; a miss costs only one run of a reference.
+REFERENCE_CACHE_BYTES = 256 * 1024 * 1024
 
 # (reference artifact path, reference symbol, seed, the candidate's INPUT (shape, dtype)s): the
 # inputs are a function of the seed and those specs (see `arrays`), and an artifact's path names its
@@ -146,6 +149,11 @@ class NativeBackend(Backend):
     One instance serves one executor child for its life; `reference_outputs` outlives jobs.
     """
 
+    # Whether a call warms what the timing loop then runs (same process, same buffers): a checked
+    # candidate's check call then stands for one warm-up call. Not so where each call is a new
+    # process (qemu).
+    check_call_warms: ClassVar[bool] = True
+
     @functools.cached_property
     def reference_outputs(self) -> ReferenceOutputs:
         """This backend's stored reference outputs (made on first use, so a subclass's
@@ -174,11 +182,16 @@ class NativeBackend(Backend):
                 buffers = _args(job.entry, job.seed, job.inputs)
                 self._call_ok(module, job.entry.symbol, buffers)
                 return JobResult(Status.OK, outputs=tuple(outputs_of(job.entry.args, buffers)))
-            if job.check is not None:
-                self._check(module, job, job.check)
-            samples, number_used = self.time(
-                module, job.entry, _args(job.entry, job.seed), job.timing
-            )
+            timing = job.timing
+            if job.check is None:
+                buffers = _args(job.entry, job.seed)
+            else:
+                # Timed on the checked buffers (drawing sgemm 1024's inputs again took 20 ms),
+                # the check's call standing for one warm-up call where it warms the same process.
+                buffers = self._check(module, job, job.check)
+                if self.check_call_warms:
+                    timing = dataclasses.replace(timing, warmup=max(timing.warmup - 1, 0))
+            samples, number_used = self.time(module, job.entry, buffers, timing)
             return JobResult(Status.OK, samples_s=tuple(samples), number_used=number_used)
         except JobFailed as e:
             return JobResult(e.status, error=e.message, signal=e.signal)
@@ -188,7 +201,9 @@ class NativeBackend(Backend):
         if code != 0:
             raise JobFailed(Status.RUNTIME_ERROR, f"entry {symbol} returned {code}")
 
-    def _check(self, module: Any, job: Job, check: ReferenceCheck) -> None:
+    def _check(self, module: Any, job: Job, check: ReferenceCheck) -> list[np.ndarray]:
+        """Run the candidate once and compare its outputs with the reference's (JobFailed
+        WRONG_ANSWER when they differ); the candidate's buffers, inputs untouched."""
         got = _args(job.entry, job.seed)
         ref_out = self._reference(job, check, got)
         self._call_ok(module, job.entry.symbol, got)
@@ -209,6 +224,7 @@ class NativeBackend(Backend):
                     f"output {index} differs from the reference: max abs error {err:.6g} "
                     f"(rtol={check.rtol:g}, atol={check.atol:g})",
                 )
+        return got
 
     def _reference(
         self, job: Job, check: ReferenceCheck, got: list[np.ndarray]

@@ -57,6 +57,7 @@ class QemuBackend(NativeBackend):
     name = "qemu"
     formats = frozenset({"SHARED_OBJECT"})
     emulated = True
+    check_call_warms = False  # every call and every timing loop is a fresh emulator process
 
     def __init__(self) -> None:
         self._runner = ""

@@ -118,3 +118,42 @@ def test_reference_outputs_store_read_only_copies_within_their_bound(tmp_path: P
     assert a not in store and b in store and store.total_bytes == 80
     store.put(a, [np.zeros(30, np.float32)])  # larger than the bound: not kept, b stays
     assert a not in store and b in store and store.total_bytes == 80
+
+
+class TimingSpyCpu(CountingCpu):
+    """Also remembers the buffers each call got and what each timing loop was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called: list[list[np.ndarray]] = []
+        self.timed: list[tuple[list[np.ndarray], EvaluatorConfig]] = []
+
+    def call(self, module: Any, symbol: str, buffers: list[np.ndarray]) -> int:
+        self.called.append(buffers)
+        return super().call(module, symbol, buffers)
+
+    def time(self, module: Any, entry: Any, buffers: list[np.ndarray], config: Any) -> Any:
+        self.timed.append((buffers, config))
+        return super().time(module, entry, buffers, config)
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_checked_candidate_is_timed_on_its_checked_buffers_its_call_a_warm_up(
+    artifacts: tuple[str, str], checked: bool
+) -> None:
+    """Drawing the inputs again cost sgemm 1024 20 ms a candidate, and the check's call warms
+    the kernel as a warm-up call would: the timing loop reuses both."""
+    backend = TimingSpyCpu()
+    candidate, reference = artifacts
+    timing = EvaluatorConfig(warmup=2, number=1, repeat=1, min_repeat_ms=0.0)
+    check = ReferenceCheck(reference, testing.kernel_entry("add_one"), rtol=0.0, atol=1e-6)
+    job = Job(
+        MEASURE, candidate, testing.kernel_entry("add_one"), 3, timing, check if checked else None
+    )
+    assert backend.execute(job).status is Status.OK
+    [(buffers, config)] = backend.timed
+    if checked:
+        candidate_call = backend.called[-1]  # after the reference's
+        assert buffers is candidate_call and config.warmup == 1
+    else:
+        assert not backend.called and config.warmup == 2
