@@ -10,6 +10,7 @@ unless noted:
     divzero    integer division by zero (SIGFPE on x86; aarch64 does not trap and returns 0)
     aborts     abort() (SIGABRT)                alloc_huge returns 3 when malloc(100 GB) fails
     stamp      t: int64[2] (OUTPUT) = CLOCK_MONOTONIC ns before and after sleeping STAMP_SLEEP_MS
+    jitter     y = x + 1, sleeping JITTER_SLEEP_MS more on every other call (a noisy timing)
     absent     listed in the meta, missing from the object (LOAD_ERROR)
 
 `build_kernels(dir, cc="aarch64-linux-gnu-gcc")` cross-compiles the same source for the qemu
@@ -31,6 +32,7 @@ from device_agent.domain import ArgRole, ArtifactMeta, EntryPoint, TensorSpec
 N = 1024
 
 STAMP_SLEEP_MS = 100
+JITTER_SLEEP_MS = 2
 
 TIMING_C = r"""
 #include <signal.h>
@@ -180,6 +182,19 @@ int32_t stamp(void **args) {
   return 0;
 }
 TIMED(stamp)
+
+int32_t jitter(void **args) {
+  static int calls = 0;
+  const float *x = (const float *)args[0];
+  float *y = (float *)args[1];
+  for (int i = 0; i < N; ++i) y[i] = x[i] + 1.0f;
+  if ((++calls & 1) == 0) {
+    struct timespec d = {0, %(jitter_ms)d * 1000000L};
+    nanosleep(&d, NULL);
+  }
+  return 0;
+}
+TIMED(jitter)
 """
 )
 
@@ -194,6 +209,7 @@ KERNEL_NAMES = (
     "aborts",
     "alloc_huge",
     "stamp",
+    "jitter",
     "absent",
 )
 
@@ -214,7 +230,7 @@ def build_kernels(directory: str, cc: str = "gcc") -> tuple[bytes, ArtifactMeta]
     source = os.path.join(directory, "kernels.c")
     output = os.path.join(directory, "kernels.so")
     with open(source, "w", encoding="utf-8") as f:
-        f.write(KERNELS_C % {"n": N, "stamp_ms": STAMP_SLEEP_MS})
+        f.write(KERNELS_C % {"n": N, "stamp_ms": STAMP_SLEEP_MS, "jitter_ms": JITTER_SLEEP_MS})
     subprocess.run(
         [cc, "-O2", "-shared", "-fPIC", "-o", output, source],
         check=True,

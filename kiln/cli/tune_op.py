@@ -68,7 +68,7 @@ def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOption
         if store is not None:
             stack.callback(store.close)
         pool = common.open_pool(args, stack, pin=args.pipeline)
-        builder = common.builder(args, pool, check=args.check)
+        builder = common.builder(args, pool)
         stack.callback(builder.close)
         runner = stack.enter_context(closing(pool.runner(common.evaluator(args))))
         searcher, note = searcher_for(task, options, store, pool.target, target_name(pool.target))
@@ -100,6 +100,8 @@ def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOption
 
 def report(progress: TuneProgress) -> str:
     """The best config (confirmed or measured once, said so) and where the time went."""
+    from tuner.measure.result import NOISY_SPREAD
+
     best = progress.best
     assert best is not None  # tune() raises otherwise
     resumed = f", {progress.resumed} of them resumed" if progress.resumed else ""
@@ -111,6 +113,12 @@ def report(progress: TuneProgress) -> str:
     emulated = " (emulated: not the real device's speed)" if best.result.emulated else ""
     wrong = progress.errors_by_status.get("WRONG_ANSWER", 0)
     checked = f"; {wrong} wrong answers caught by the check" if wrong else ""
+    noisy = sum(r.result.noisy for r in progress.history)
+    if noisy:
+        checked += (
+            f"; {noisy} noisy results (samples spread over {NOISY_SPREAD:.0%} after measuring "
+            "again: a busy machine?)"
+        )
     return (
         f"best of {progress.trials} trials{resumed}: {best.gflops:.1f} GFLOP/s{emulated} "
         f"({best.result.median_s * 1e3:.3f} ms, {how}) config {best.config_index} "

@@ -4,7 +4,6 @@ PoolRunner completes the remaining candidates on the other agent. Real tracker a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -16,13 +15,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from kit_artifacts import kit_artifact
 
-from compiler.artifact import ArgSpec, Artifact, Entry
+from compiler.artifact import Artifact
 from device_agent.testing import (
     build_kernels,
     child_pids,
     cpu_ticks,
-    kernel_entry,
     wait_for_ready_file,
     wait_until_idle,
 )
@@ -39,12 +38,7 @@ KEY = "kill-test"
 
 def artifact(data: bytes, first: str) -> Artifact:
     """The test kernels as a tuner artifact whose first entry (the one measured) is `first`."""
-    entries = []
-    for symbol in (first, *(s for s in ("add_one", "hang") if s != first)):
-        e = kernel_entry(symbol)
-        args = tuple(ArgSpec(a.name, a.shape, a.dtype, a.role.value.lower()) for a in e.args)
-        entries.append(Entry(e.symbol, e.timing_symbol, args, e.flop))
-    return Artifact(data, hashlib.sha256(data).hexdigest(), "shared_object", "host", tuple(entries))
+    return kit_artifact(data, first)
 
 
 def spawn(args: list[str], ready: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:

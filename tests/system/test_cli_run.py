@@ -23,8 +23,8 @@ def kiln(*args: str) -> subprocess.CompletedProcess[str]:
     return kiln_cli.kiln(*args, timeout=120)
 
 
-def tiny_model() -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
+def tiny_model(seed: int = 0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
 
     def param(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
@@ -80,11 +80,26 @@ def test_run_on_a_local_pool_checks_and_times(built: tuple[Path, Path], tmp_path
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
     assert "latency:" in out.stdout and "median of 3" in out.stdout, out.stdout
+    assert "spread" in out.stdout and "interquartile range / median" in out.stdout
     assert "1 output(s) match onnxruntime" in out.stdout
     want = ort.InferenceSession(model.read_bytes()).run(None, {"x": x})[0]
     got = np.load(y)
     assert got.shape == want.shape == (1, 10)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_outputs_that_differ_from_onnxruntime_fail_naming_the_error(
+    built: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--check against a model of other weights: the build is right, the comparison must fail."""
+    _, artifact = built
+    other = tmp_path / "other.onnx"
+    onnx.save(tiny_model(seed=1), other)
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 16, 16), np.float32))
+    out = kiln("run", str(artifact), "--input", str(tmp_path / "x.npy"), "--check", str(other))
+    assert out.returncode == 1, out.stdout
+    assert "the outputs differ from onnxruntime's: output 0 max error" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_a_bad_input_shape_is_named(built: tuple[Path, Path], tmp_path: Path) -> None:

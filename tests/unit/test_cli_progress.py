@@ -58,3 +58,19 @@ def test_off_a_tty_every_batch_is_a_plain_line() -> None:
     assert "\r" not in out.getvalue() and len(lines) == 2
     assert "trials 3/20" in lines[0] and "trials 6/20" in lines[1] and "errors 1" in lines[1]
     assert bar.last is not None and bar.last.trials == 6
+
+
+def test_the_final_report_counts_noisy_results_and_says_nothing_when_none() -> None:
+    from kiln.cli.tune_op import report
+
+    p = TuneProgress(total=4)
+    results = [
+        MeasureResult(Status.OK, (1e-3, 1e-3, 1e-3)),
+        MeasureResult(Status.OK, (1e-3, 2e-3, 1e-3, 2e-3), noisy=True),
+        MeasureResult(Status.OK, (2e-3,)),
+    ]
+    p.add([rec.Record(WL, "t", i, {}, r, 1e9, rec.now_iso()) for i, r in enumerate(results)])
+    p.stop_reason = "trial budget reached"
+    assert "1 noisy results (samples spread over 10% after measuring again" in report(p)
+    p.history[1] = rec.Record(WL, "t", 1, {}, MeasureResult(Status.OK, (1e-3,)), 1e9, "t")
+    assert "noisy" not in report(p)

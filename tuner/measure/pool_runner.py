@@ -8,13 +8,16 @@ queue, so every device stays busy until the batch is done, and results come back
 
 Per candidate: upload unless the agent already holds its hash (Has asked once per agent and
 artifact; a Measure answered with the hash in missing_sha256 re-uploads), measure its first entry,
-and renew the lease as it runs low. A device that goes away mid-batch (DEVICE_LOST) does not cost
-its candidate: the candidate goes back in the queue once (`retry_lost`) to be measured on another
-device, and that lease is dropped without a Release so the tracker cannot grant the dead device
-again before it notices (the lease ends by itself at its TTL); the device is acquired again by a
-later batch if it comes back. When every lease of a batch is gone, a new one is acquired with the
-normal timeout; only if none can be had by then do the remaining candidates end NO_DEVICE (or
-DEVICE_LOST, for one whose retry found no device). Every call has a deadline: no hangs.
+and renew the lease as it runs low. A result whose samples spread past `max_spread` (noise, such
+as a neighbour's burst) is measured again, up to `remeasure` times, the samples pooled; one that
+still spreads is flagged `noisy`, for the tuner and the reader to see. A device that goes away
+mid-batch (DEVICE_LOST) does not cost its candidate: the candidate goes back in the queue once
+(`retry_lost`) to be measured on another device, and that lease is dropped without a Release so
+the tracker cannot grant the dead device again before it notices (the lease ends by itself at
+its TTL); the device is acquired again by a later batch if it comes back. When every lease of a
+batch is gone, a new one is acquired with the normal timeout; only if none can be had by then do
+the remaining candidates end NO_DEVICE (or DEVICE_LOST, for one whose retry found no device).
+Every call has a deadline: no hangs.
 
 `run_entry` and `measure_entry` serve `kiln run`: one entry of one artifact, on the first held
 lease, with the inputs sent (Run) or made on the device (Measure).
@@ -25,6 +28,7 @@ at a time; the batch's queue and results sit behind one lock.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import logging
 import threading
@@ -40,7 +44,7 @@ from compiler.artifact import Artifact
 from protos import agent_pb2, agent_pb2_grpc, common_pb2, tracker_pb2
 from protos.auth import TlsFiles, call_metadata, open_channel
 from tuner.measure import serde
-from tuner.measure.result import EvaluatorConfig, MeasureResult, Status
+from tuner.measure.result import NOISY_SPREAD, EvaluatorConfig, MeasureResult, Status, spread
 from tuner.measure.runner import Reference
 from tuner.measure.tracker_client import CONTROL_RPC_TIMEOUT_S, TrackerClient
 
@@ -129,6 +133,10 @@ class PoolRunner:
         devices: the most leases held at once (each measures one candidate at a time).
         extra_acquire_timeout_s: how long to wait for each lease beyond the first.
         retry_lost: measure a candidate whose device was lost once more on another device.
+        max_spread: a result whose samples spread more than this (interquartile range over
+            median) is measured again, up to `remeasure` times, and the samples pooled; still
+            past it, the result is flagged `noisy`.
+        remeasure: the most extra measurements of one noisy candidate (0: flag only).
     """
 
     def __init__(
@@ -138,6 +146,8 @@ class PoolRunner:
         devices: int = 1,
         extra_acquire_timeout_s: float = 0.0,
         retry_lost: bool = True,
+        max_spread: float = NOISY_SPREAD,
+        remeasure: int = 1,
     ) -> None:
         if devices < 1:
             raise ValueError(f"devices must be at least 1, got {devices}")
@@ -148,6 +158,13 @@ class PoolRunner:
         self.devices = devices
         self.extra_acquire_timeout_s = extra_acquire_timeout_s
         self.retry_lost = retry_lost
+        if max_spread <= 0 or remeasure < 0:
+            raise ValueError(
+                f"max_spread must be > 0 and remeasure >= 0, got {max_spread}, {remeasure}"
+            )
+        self.max_spread = max_spread
+        self.remeasure = remeasure
+        self.remeasured = 0  # extra measurements of noisy candidates
         self._tracker = TrackerClient(pool.tracker, pool.token, pool.tls)
         self._metadata = call_metadata(pool.token)
         self._agents: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentStub]] = {}
@@ -474,7 +491,34 @@ class PoolRunner:
         if msg is None:
             assert failed is not None
             return failed
-        return serde.measure_result(msg)
+        return self._settle_noise(lease, art, serde.measure_result(msg))
+
+    def _settle_noise(
+        self, lease: tracker_pb2.Lease, art: Artifact, result: MeasureResult
+    ) -> MeasureResult:
+        """`result`, or where its samples spread past `max_spread`, the samples of up to
+        `remeasure` more measurements pooled with them (no second check: it passed), flagged
+        `noisy` when the pool still spreads past it."""
+        samples = list(result.samples_s)
+        if not result.ok or spread(samples) <= self.max_spread:
+            return result
+        last = result
+        for _ in range(self.remeasure):
+            msg, _failed = self._measure_rpc(lease, art)
+            again = serde.measure_result(msg) if msg is not None else None
+            if again is None or not again.ok:
+                break  # keep what was measured; a device lost now shows on the next candidate
+            self.remeasured += 1
+            samples += again.samples_s
+            last = again
+            if spread(samples) <= self.max_spread:
+                break
+        return dataclasses.replace(
+            result,
+            samples_s=tuple(samples),
+            number_used=last.number_used,
+            noisy=spread(samples) > self.max_spread,
+        )
 
     def _upload(
         self, lease: tracker_pb2.Lease, art: Artifact, ask_first: bool

@@ -12,7 +12,22 @@ from enum import StrEnum
 
 from protos.evaluator import EvaluatorConfig
 
-__all__ = ["EvaluatorConfig", "MeasureResult", "Status"]
+__all__ = ["NOISY_SPREAD", "EvaluatorConfig", "MeasureResult", "Status", "spread"]
+
+# A result whose samples spread more than this (interquartile range over median) is measured
+# again; still past it with the new samples, it is flagged `noisy`. On a 2-vCPU VM a tenth of
+# 3,264 recorded results of a tuning run spread more than this (median 2.8%).
+NOISY_SPREAD = 0.10
+
+
+def spread(samples: tuple[float, ...] | list[float]) -> float:
+    """Interquartile range over median of `samples` (0 for fewer than two): the noise of one
+    measurement, in the unit a user reads (0.05 = the middle half within 5% of the median)."""
+    if len(samples) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    mid = statistics.median(samples)
+    return (q3 - q1) / mid if mid > 0 else 0.0
 
 
 class Status(StrEnum):
@@ -43,6 +58,7 @@ class MeasureResult:
     signal: int = 0
     emulated: bool = False
     extra: dict[str, float] = field(default_factory=dict)
+    noisy: bool = False  # its samples spread past NOISY_SPREAD even after a re-measure
 
     @property
     def ok(self) -> bool:
@@ -52,6 +68,11 @@ class MeasureResult:
     def median_s(self) -> float:
         """Median seconds per call; infinity for a failed candidate so it sorts last."""
         return statistics.median(self.samples_s) if self.ok else float("inf")
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over median of the samples (`spread`); 0 for a failure."""
+        return spread(self.samples_s) if self.ok else 0.0
 
     @classmethod
     def failed(cls, status: Status, error: str, device_id: str = "") -> MeasureResult:

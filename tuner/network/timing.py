@@ -125,15 +125,19 @@ def seeded_feeds(model: onnx.ModelProto, seed: int, int_high: int = 2) -> dict[s
 
 
 def output_mismatch(ours: list[np.ndarray], ref: list[np.ndarray], rtol: float) -> str | None:
-    """Why `ours` differ from `ref` (shape, or max abs error over rtol x max |ref|), or None."""
+    """Why `ours` differ from `ref` (their number, a shape, a NaN or infinity where the reference
+    has none, or max abs error over rtol x max |ref|), or None."""
+    if len(ours) != len(ref):
+        return f"{len(ours)} outputs, the reference has {len(ref)}"
     for i, (got, want) in enumerate(zip(ours, ref, strict=True)):
         if got.shape != want.shape:
             return f"output {i} shape {got.shape} != {want.shape}"
         if not want.size:
             continue
-        err = float(np.abs(got.astype(np.float64) - want).max())
+        diff = np.abs(got.astype(np.float64) - want)
+        err = float(diff.max())
         scale = float(np.abs(want).max())
-        if err > rtol * max(scale, 1e-30):
+        if not np.isfinite(err) or err > rtol * max(scale, 1e-30):
             return f"output {i} max error {err:.3g} over {rtol:g} x {scale:.3g}"
     return None
 

@@ -109,6 +109,7 @@ class Record:
                 "samples_s": list(r.samples_s),
                 "error": r.error,
                 "number_used": r.number_used,
+                **({"noisy": True} if r.noisy else {}),
             },
             "flop": self.flop,
             "timestamp": self.timestamp,
@@ -139,6 +140,7 @@ class Record:
                 error=str(res.get("error", "")),
                 device_id=device,
                 number_used=int(res.get("number_used", 0)),
+                noisy=bool(res.get("noisy", False)),
             )
             cfg = obj["config"]
             return cls(
