@@ -4,14 +4,16 @@ sgemm (template `dense`, B pre-packed) vs numpy's OpenBLAS at 256..2048 cube; th
 convolutions (3x3 at 64/128/256/512 channels, the 1x1 stride-2 downsamples, the 7x7/2 stem;
 templates `conv2d_nchwc`, `conv2d_1x1_nchwc`, `conv2d_stem_nchwc`, all with the bias fused) vs
 onnxruntime's one-node Conv with its bias. For each case a bounded random search picks the config
-(best configs are cached in `kernels_best.json` and start the next search, as a tuner starts from
-its records; `--reuse` skips the search where one is cached),
+(the configs in `kernels_best.json` start the next search, as a tuner starts from its records;
+`--reuse` skips the search where one is there; `--write-best` records this run's finds there,
+which a run never does unasked: the file is tracked),
 the kernel's output is checked against the peer's, then ours (native timing loop) and the peer
 (a timed Python loop) alternate for `--rounds` rounds. Ratio = peer time / our time (> 1: ours
 is faster). Our inputs are in the kernel's layout (NCHW[x]c, pre-padded, packed weights): that
 packing happens once per model, not per call.
 
     python benchmarks/kernels.py [--reuse] [--trials 16] [--rounds 5] [--only sgemm,conv,stem]
+        [--write-best]
 
 Ends with: kernels: sgemm_min_ratio=<r> conv_geomean_ratio=<r> stem_ratio=<r>
 """
@@ -197,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=2, help="build processes")
     parser.add_argument("--only", default="sgemm,conv,stem", help="comma-separated groups")
+    parser.add_argument(
+        "--write-best",
+        action="store_true",
+        help="record the configs this run found in kernels_best.json (tracked; off by default)",
+    )
     args = parser.parse_args(argv)
     groups = set(args.only.split(","))
     best = load_best()
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 index = found.index
                 best[_key(case)] = {"knobs": dict(space.get(index)), "seconds": found.seconds}
-                BEST_FILE.write_text(json.dumps(best, indent=1, sort_keys=True) + "\n")
+                if args.write_best:
+                    BEST_FILE.write_text(json.dumps(best, indent=1, sort_keys=True) + "\n")
             config = space.get(index)
             _, path, error = build_candidate(case.template, case.shape, index)
             if error:

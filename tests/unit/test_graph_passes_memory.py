@@ -139,3 +139,24 @@ def test_unread_values_still_get_a_buffer_for_their_step() -> None:
     assert set(plan.buffers) == {a, b}
     assert plan.buffers[b].last_step == 0 and plan.buffers[a].last_step == 1
     plan.check()
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [("resnet18", {"image": 64}), ("mobilenet_v2", {"image": 64}), ("bert_tiny", {"seq": 32})],
+)
+def test_the_reference_models_get_a_workspace_of_exactly_their_lower_bound(
+    name: str, kw: dict[str, int]
+) -> None:
+    """Largest first reaches the bound on these chains; placing in program order instead left
+    ResNet-18 at 1.15x and MobileNetV2 at 1.13x with every other planner test passing."""
+    from compiler import zoo
+    from compiler.frontend.onnx import from_onnx
+    from compiler.graph import passes as P
+
+    g = from_onnx(zoo.build(name, **kw))
+    g = P.fold_scale_into_conv(P.fold_batch_norm(g))
+    g = P.to_nchwc(P.fold_constants(P.eliminate_dead_code(P.eliminate_common_subexpressions(g))))
+    plan = plan_memory(fuse(g))
+    plan.check()
+    assert plan.total == plan.lower_bound
