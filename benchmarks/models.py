@@ -8,13 +8,20 @@ that function exists (else the tuned build is skipped with a note). Every build'
 checked against onnxruntime's (max |ours - ort| <= 1e-4 * max |ort|) before anything is timed.
 Then ours (the C entry `kiln_model_run` called in a loop through ctypes) and onnxruntime (1
 intra-op thread, 1 inter-op, sequential, all graph optimizations) alternate for `--rounds`
-rounds, each a loop of at least `--min-round-s`; a time is the median of its rounds. The process
-is pinned to one core and every BLAS / OpenMP pool has one thread. Ratio = onnxruntime time /
-our time (> 1: ours is faster). Workspace: the planned bytes against the plan's lower bound (the
+rounds, each a loop of at least `--min-round-s`; a time is the median of its rounds. All of it
+is `tuner.network.timing.versus_onnxruntime`, the path `kiln demo` times with: on one core
+(`--core`, default the last; the session is created there), and every BLAS / OpenMP pool has
+one thread. Ratio = onnxruntime time / our time (> 1: ours is faster). Workspace: the planned bytes against the plan's lower bound (the
 most bytes live at any one step). `--profile` adds each model's kernels timed one by one.
 
     python benchmarks/models.py [--models resnet18,mobilenet_v2,bert_tiny] [--image 224]
         [--seq 128] [--records tune.jsonl] [--rounds 5] [--min-round-s 0.2] [--profile]
+        [--check-demo]
+
+`--check-demo` times each model's builds with `kiln demo`'s own routine too, alternating with
+this benchmark's (bench, demo, bench, demo), and adds a last line
+`demo_check: ort_ratio=<demo's onnxruntime time / the benchmark's> ours_ratio=<the same for
+ours>` (the model furthest from 1 for each; 0.95-1.05 is agreement within the noise).
 
 Records come from tuning the same models (same sizes, seed 0), e.g. 2,000 trials in all:
 
@@ -68,10 +75,11 @@ from compiler.toolchain import CACHE_ENV  # noqa: E402
 from device_agent import abi  # noqa: E402
 from tuner.network.timing import (  # noqa: E402
     NativeModel,
-    OrtPeer,
-    loop_seconds,
-    output_mismatch,
+    OutputMismatch,
+    VersusOrt,
+    one_core,
     seeded_feeds,
+    versus_onnxruntime,
 )
 
 MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")
@@ -84,13 +92,14 @@ ConfigsFromRecords = Callable[[Graph, Any, str], Any]
 
 @dataclass
 class Build:
-    """One build of a model: the artifact, its configs, its build time and its runner."""
+    """One build of a model: the artifact, its configs, its build time; once timed, its loaded
+    model and its times."""
 
     label: str  # "untuned" | "tuned"
     artifact: ModelArtifact
     configs: Any
     build_s: float
-    native: NativeModel
+    native: NativeModel | None = None
     times_s: list[float] = field(default_factory=list)
 
 
@@ -102,6 +111,7 @@ class Row:
     workspace: int
     lower_bound: int
     kernels: int
+    demo_check: tuple[float, float] | None = None  # (onnxruntime, ours): demo's / ours
 
     def ours_s(self, label: str) -> float | None:
         b = self.builds.get(label)
@@ -140,20 +150,10 @@ def workspace_bound(artifact: ModelArtifact, graph: Graph, configs: Any) -> tupl
     return plan.memory.total, plan.memory.lower_bound
 
 
-def check(name: str, label: str, ours: list[np.ndarray], ref: list[np.ndarray]) -> None:
-    """Raise AssertionError naming the model, build and output unless ours match onnxruntime's."""
-    why = output_mismatch(ours, ref, RTOL)
-    if why is not None:
-        raise AssertionError(f"{name} {label}: {why}")
-
-
-def build(
-    name: str, label: str, graph: Graph, configs: Any, inputs: dict[str, np.ndarray]
-) -> Build:
+def build(label: str, graph: Graph, configs: Any) -> Build:
     start = time.perf_counter()
     artifact = build_model(graph, configs)
-    build_s = time.perf_counter() - start
-    return Build(label, artifact, configs, build_s, NativeModel(artifact, inputs))
+    return Build(label, artifact, configs, time.perf_counter() - start)
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,7 @@ def kernel_seconds(
 
 def profile(name: str, graph: Graph, b: Build, top: int) -> None:
     """Print the `top` slowest kernels of a build, timed one by one, and time by anchor op."""
+    assert b.native is not None  # timed first
     times = kernel_seconds(b.native, plan_model(graph, b.configs))
     total = sum(t.seconds for t in times)
     whole = statistics.median(b.times_s) if b.times_s else float("nan")
@@ -278,33 +279,36 @@ def print_table(rows: list[Row], tuned_note: str, cache: str) -> None:
 def measure_model(
     name: str, args: argparse.Namespace, store: Any, from_records: ConfigsFromRecords | None
 ) -> Row:
-    """Build, check, time (interleaved with onnxruntime) and optionally profile one model."""
+    """Build, check and time (interleaved with onnxruntime, `versus_onnxruntime`) one model;
+    with --check-demo, time it the demo's way too; with --profile, its kernels one by one."""
     proto = onnx_model(name, args.image, args.seq)
     inputs = feeds(proto, args.seed)
     graph = from_onnx(proto)
-    peer = OrtPeer(proto, inputs)
-    reference = peer.run()
-    builds = {"untuned": build(name, "untuned", graph, None, inputs)}
+    builds = {"untuned": build("untuned", graph, None)}
     if store is not None and from_records is not None:
         configs = from_records(graph, store, "host")
         if configs:
-            builds["tuned"] = build(name, "tuned", graph, configs, inputs)
+            builds["tuned"] = build("tuned", graph, configs)
         else:
             print(f"{name}: no records of its tasks: no tuned build", flush=True)
     for b in builds.values():
-        check(name, b.label, b.native.run(), reference)
-        print(f"{name} {b.label}: built in {b.build_s:.1f} s, outputs match", flush=True)
-    ort_times: list[float] = []
-    for _ in range(args.rounds):
-        for b in builds.values():
-            b.times_s.append(loop_seconds(b.native.call, args.min_round_s))
-        ort_times.append(loop_seconds(peer.call, args.min_round_s))
+        print(f"{name} {b.label}: built in {b.build_s:.1f} s", flush=True)
+    artifacts = {label: b.artifact for label, b in builds.items()}
+    try:
+        times = versus_onnxruntime(
+            proto, inputs, artifacts, args.rounds, args.min_round_s, RTOL, core=args.core
+        )
+    except OutputMismatch as exc:
+        raise AssertionError(f"{name}: {exc}") from None
+    print(f"{name}: outputs of every build match onnxruntime (rel {RTOL:g})", flush=True)
+    for label, b in builds.items():
+        b.times_s, b.native = times.ours[label], times.natives[label]
     last = builds.get("tuned", builds["untuned"])  # the build the final line reports
     workspace, bound = workspace_bound(last.artifact, graph, last.configs)
     row = Row(
         name,
         builds,
-        statistics.median(ort_times),
+        times.ort_s,
         workspace,
         bound,
         len(last.artifact.artifact.entries),
@@ -314,10 +318,49 @@ def measure_model(
         f"onnxruntime {row.ort_s * 1e3:.2f} ms, ratio {_ratio(row.ratio(last.label))}",
         flush=True,
     )
+    if args.check_demo:
+        row.demo_check = check_demo(proto, inputs, artifacts, last.label, args, times)
     if args.profile:
-        for b in builds.values():
-            profile(name, graph, b, args.top)
+        with one_core(args.core):
+            for b in builds.values():
+                profile(name, graph, b, args.top)
     return row
+
+
+def check_demo(
+    proto: onnx.ModelProto,
+    inputs: dict[str, np.ndarray],
+    artifacts: dict[str, ModelArtifact],
+    label: str,
+    args: argparse.Namespace,
+    first: VersusOrt,
+) -> tuple[float, float]:
+    """The same builds timed by `kiln demo`'s own routine and by this benchmark's, alternately
+    (bench, demo, bench, demo; `first` is the first bench): (demo's onnxruntime time / the
+    benchmark's, demo's time of `label` / the benchmark's), medians of both runs of each."""
+    from kiln.cli.demo import time_builds
+
+    demo = [time_builds(proto, inputs, artifacts)]
+    bench = [
+        first,
+        versus_onnxruntime(
+            proto, inputs, artifacts, args.rounds, args.min_round_s, RTOL, core=args.core
+        ),
+    ]
+    demo.append(time_builds(proto, inputs, artifacts))
+    ort = statistics.median(d.ort_s for d in demo) / statistics.median(b.ort_s for b in bench)
+    ours = statistics.median(d.median_s(label) for d in demo) / statistics.median(
+        b.median_s(label) for b in bench
+    )
+    print(
+        f"  demo's timing / this benchmark's, same {label} build: onnxruntime "
+        f"{' '.join(f'{d.ort_s * 1e3:.2f}' for d in demo)} / "
+        f"{' '.join(f'{b.ort_s * 1e3:.2f}' for b in bench)} ms = {ort:.3f}; ours "
+        f"{' '.join(f'{d.median_s(label) * 1e3:.2f}' for d in demo)} / "
+        f"{' '.join(f'{b.median_s(label) * 1e3:.2f}' for b in bench)} ms = {ours:.3f}",
+        flush=True,
+    )
+    return ort, ours
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,7 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", help="records of `kiln tune` for the tuned builds")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     parser.add_argument("--min-round-s", type=float, default=0.2, help="length of one round")
-    parser.add_argument("--core", type=int, help="core to pin to (default: the last allowed)")
+    parser.add_argument(
+        "--core", type=int, help="core the timing runs on (default: the last allowed)"
+    )
+    parser.add_argument(
+        "--check-demo",
+        action="store_true",
+        help="also time each model with kiln demo's routine and compare (demo_check line)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs")
     parser.add_argument("--profile", action="store_true", help="time each kernel alone")
     parser.add_argument("--top", type=int, default=12, help="kernels listed by --profile")
@@ -340,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(MODELS))
     if unknown:
         parser.error(f"unknown models {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    if args.core is not None and args.core not in os.sched_getaffinity(0):
+        parser.error(f"--core {args.core}: this process may use {sorted(os.sched_getaffinity(0))}")
     core = args.core if args.core is not None else max(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {core})
 
     from_records = configs_from_records() if args.records else None
     store = None
@@ -354,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         tuned_note = f"tuned ratio where tuned, else untuned (records {args.records})"
     else:
         tuned_note = "untuned ratios (no --records)"
-    print(f"pinned to core {core}; {tuned_note}", flush=True)
+    print(f"timing on core {core}; {tuned_note}", flush=True)
     cache = "warm gcc cache"
     if args.cold_build:
         os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="kiln-models-cache-")
@@ -378,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     over = max((r.workspace / r.lower_bound for r in rows if r.lower_bound), default=float("nan"))
     print(f"models: {' '.join(parts)} workspace_over_bound={over:.3f}")
+    checks = [r.demo_check for r in rows if r.demo_check is not None]
+    if checks:
+        worst_ort = max(checks, key=lambda c: abs(c[0] - 1.0))[0]
+        worst_ours = max(checks, key=lambda c: abs(c[1] - 1.0))[1]
+        print(f"demo_check: ort_ratio={worst_ort:.3f} ours_ratio={worst_ours:.3f}")
     return 0
 
 

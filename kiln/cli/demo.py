@@ -8,20 +8,19 @@
    recorded configs (tuned), and run the tuned build on the pool's device: its outputs are
    checked against onnxruntime's (1e-4 of the output's scale) and its latency is timed there.
 4. With the pool stopped, time the untuned build, the tuned build and onnxruntime (one intra-op
-   thread) in this process on one core, interleaved in rounds, and print the table.
+   thread) in this process on one core, interleaved in rounds (`versus_onnxruntime`, the path
+   `benchmarks/models.py` times with), and print the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from contextlib import ExitStack, closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +29,11 @@ from kiln.cli.errors import CliError
 from kiln.cli.network import report, tune_network_from_args
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
+
+    from compiler.graph.build_model import ModelArtifact
+    from tuner.network.timing import VersusOrt
 
 # ResNet-18's warm-up round (8 trials for each of its 16 tasks), then one confirmation each: a
 # tile-4 Winograd candidate takes 6 s to lower and 7 s to compile on a 2-core Zen 3, and 256
@@ -42,17 +45,6 @@ DEMO_SGEMM_TRIALS = 64
 RTOL = 1e-4
 ROUNDS = 5
 MIN_ROUND_S = 0.2
-
-
-@dataclass
-class _Timed:
-    label: str
-    call: Callable[[], None]
-    times_s: list[float]
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.times_s)
 
 
 DEMO_MODELS = ("resnet18", "mobilenet_v2", "bert_tiny")  # compiler.zoo' (onnx loads slowly)
@@ -106,19 +98,24 @@ def _proto(args: argparse.Namespace) -> onnx.ModelProto:
     return zoo.build(args.model, image=args.image)
 
 
+def time_builds(
+    proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], builds: Mapping[str, ModelArtifact]
+) -> VersusOrt:
+    """The demo's timing of its builds against onnxruntime: `versus_onnxruntime`, the path
+    `benchmarks/models.py` times with too, at the demo's rounds (`benchmarks/models.py
+    --check-demo` compares the two on one build)."""
+    from tuner.network.timing import versus_onnxruntime
+
+    return versus_onnxruntime(proto, feeds, builds, ROUNDS, MIN_ROUND_S, RTOL)
+
+
 def cmd_model_demo(args: argparse.Namespace) -> int:
     from compiler import zoo
     from compiler.frontend.onnx import from_onnx
     from compiler.graph.build_model import build_model
     from tuner.measure.pool_runner import NoDeviceError
     from tuner.network.run import ModelRunError, run_model
-    from tuner.network.timing import (
-        NativeModel,
-        OrtPeer,
-        loop_seconds,
-        output_mismatch,
-        seeded_feeds,
-    )
+    from tuner.network.timing import OutputMismatch, output_mismatch, seeded_feeds
     from tuner.network.tune import configs_from_records, model_tasks
 
     common.tune_options(args)
@@ -155,36 +152,31 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
             on_device = run_model(tuned, feeds, stack.enter_context(closing(pool.runner())))
         except (ModelRunError, NoDeviceError) as exc:
             raise CliError(f"running the tuned build on the pool: {exc}") from None
-    peer = OrtPeer(proto, feeds)
-    reference = peer.run()
-    why = output_mismatch(list(on_device.outputs), reference, RTOL)
-    if why is not None:
-        raise CliError(f"the tuned build's outputs differ from onnxruntime's: {why}")
-    natives = {"untuned": NativeModel(untuned, feeds), "tuned": NativeModel(tuned, feeds)}
-    for label, native in natives.items():
-        why = output_mismatch(native.run(), reference, RTOL)
-        if why is not None:
-            raise CliError(f"the {label} build's outputs differ from onnxruntime's: {why}")
-    timed = [
-        _Timed(
-            f"kiln, untuned ({len(tunable)} tasks on default configs)", natives["untuned"].call, []
-        ),
-        _Timed(f"kiln, tuned ({result.trials} trials)", natives["tuned"].call, []),
-        _Timed("onnxruntime (1 thread)", peer.call, []),
-    ]
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {max(allowed)})
+    builds = {"untuned": untuned, "tuned": tuned}
     try:
-        for _ in range(ROUNDS):
-            for t in timed:
-                t.times_s.append(loop_seconds(t.call, MIN_ROUND_S))
-    finally:
-        os.sched_setaffinity(0, allowed)
-    ort_s = timed[-1].median_s
-    rows = [[t.label, f"{t.median_s * 1e3:.2f}", f"{ort_s / t.median_s:.2f}x"] for t in timed]
+        times = time_builds(proto, feeds, builds)
+    except OutputMismatch as exc:
+        raise CliError(str(exc)) from None
+    why = output_mismatch(list(on_device.outputs), times.reference, RTOL)
+    if why is not None:
+        raise CliError(f"the tuned build's outputs on the device differ from onnxruntime's: {why}")
+    labels = {
+        "untuned": f"kiln, untuned ({len(tunable)} tasks on default configs)",
+        "tuned": f"kiln, tuned ({result.trials} trials)",
+    }
+    rows = [[labels[k], f"{times.median_s(k) * 1e3:.2f}", f"{times.ratio(k):.2f}x"] for k in builds]
+    rows.append(["onnxruntime (1 thread)", f"{times.ort_s * 1e3:.2f}", "1.00x"])
+    lat = on_device.latency
+    if lat.ok:  # the same tuned build, timed by the agent's own loop on its device
+        rows.append(
+            [
+                f"kiln, tuned, timed by the agent ({on_device.device_id})",
+                f"{lat.median_s * 1e3:.2f}",
+                f"{times.ort_s / lat.median_s:.2f}x",
+            ]
+        )
     print()
     print(table.render(["build", "latency ms", "onnxruntime / this"], rows))
-    lat = on_device.latency
     device_ms = f"{lat.median_s * 1e3:.2f} ms" if lat.ok else f"failed ({lat.status.value})"
     print(
         f"(one core, medians of {ROUNDS} interleaved rounds in this process; outputs of both "

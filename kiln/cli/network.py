@@ -25,6 +25,7 @@ from kiln.cli import common, table
 from kiln.cli.errors import CliError
 
 if TYPE_CHECKING:
+    from compiler.graph.build_model import ModelArtifact
     from compiler.graph.ir import Graph
     from kiln.pool import Pool
     from tuner.network.tune import ModelTuneResult, ModelTuneStep
@@ -82,6 +83,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r.add_argument("--output", default=None, help=".npy for one output (.npz with several)")
     r.add_argument("--check", default=None, metavar="MODEL.onnx", help="compare with onnxruntime")
     r.add_argument("--repeat", type=int, default=5, help="latency samples (default 5)")
+    r.add_argument(
+        "--in-process",
+        action="store_true",
+        help="also time the build in this process on one core (a build for this machine) and "
+        "print it beside the device's figure",
+    )
     common.add_pool_args(r, local_devices=False)
     r.set_defaults(func=cmd_run)
 
@@ -243,6 +250,18 @@ def _reference(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(o) for o in sess.run(None, feeds)]
 
 
+def in_process_seconds(model: ModelArtifact, feeds: dict[str, np.ndarray], rounds: int) -> float:
+    """Median seconds per call of `model` run in this process on one core (`one_core`), over
+    `rounds` rounds of `loop_seconds` (0.2 s each), as `kiln demo` times its builds."""
+    import statistics
+
+    from tuner.network.timing import NativeModel, loop_seconds, one_core
+
+    with one_core():
+        native = NativeModel(model, feeds)
+        return statistics.median(loop_seconds(native.call, 0.2) for _ in range(max(rounds, 1)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from compiler.graph.build_model import ModelArtifact
     from tuner.measure.pool_runner import NoDeviceError
@@ -263,6 +282,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     # as the model takes them (onnxruntime wants the model's dtypes too)
     feeds = {s.name: np.asarray(feeds[s.name]).astype(s.dtype) for s in model.inputs}
+    if args.in_process:
+        import platform
+
+        from protos.hostinfo import cpu_tags
+        from tuner.measure.device_target import TargetError, check_target
+
+        host = {"arch": platform.machine(), **cpu_tags()}  # what an agent here would say
+        try:
+            check_target(model.artifact.target, host, "this machine")
+        except TargetError as exc:
+            raise CliError.usage(f"--in-process: {exc}") from None
     with ExitStack() as stack:
         args.target = model.artifact.target
         pool = common.open_pool(args, stack)
@@ -287,6 +317,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"latency: {_ms(lat.median_s)} ms median of {len(lat.samples_s)} on {result.device_id}, "
         f"spread {lat.spread:.1%} (interquartile range / median){noisy}"
     )
+    if args.in_process:
+        here = in_process_seconds(model, feeds, len(lat.samples_s))
+        print(
+            f"in process: {_ms(here)} ms median of {len(lat.samples_s)} rounds on one core "
+            f"(device / in process = {lat.median_s / here:.3f})"
+        )
     if args.check:
         want = _reference(args.check, feeds)
         why = output_mismatch(list(result.outputs), want, CHECK_RTOL)

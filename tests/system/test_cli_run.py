@@ -75,12 +75,13 @@ def test_run_on_a_local_pool_checks_and_times(built: tuple[Path, Path], tmp_path
     y = tmp_path / "y.npy"
     out = kiln(
         "run", str(artifact), "--input", f"x={tmp_path / 'x.npy'}", "--check", str(model),
-        "--repeat", "3", "--output", str(y),
+        "--repeat", "3", "--output", str(y), "--in-process",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
     assert "latency:" in out.stdout and "median of 3" in out.stdout, out.stdout
     assert "spread" in out.stdout and "interquartile range / median" in out.stdout
+    assert "in process:" in out.stdout and "device / in process = " in out.stdout
     assert "1 output(s) match onnxruntime" in out.stdout
     want = ort.InferenceSession(model.read_bytes()).run(None, {"x": x})[0]
     got = np.load(y)

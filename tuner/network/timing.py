@@ -8,15 +8,21 @@ aligned workspace and output buffers, and calls the C entry `kiln_model_run` (se
 costs one ctypes call over the model's own work (`benchmarks/models.py` times its kernels one
 by one through their timing entries).
 `OrtPeer` is onnxruntime on one intra-op and one inter-op thread, sequential, all graph
-optimizations. `loop_seconds` times any callable the same way for both.
+optimizations. `loop_seconds` times any callable the same way for both, and
+`versus_onnxruntime` is the one path from builds to figures that the demo and the benchmark
+share (one core, session made there, outputs checked, interleaved rounds).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -154,3 +160,89 @@ def loop_seconds(call: Callable[[], None], min_round_s: float) -> float:
         if elapsed >= min_round_s:
             return elapsed / number
         number = max(number + 1, int(number * 1.2 * min_round_s / max(elapsed, 1e-6)))
+
+
+class OutputMismatch(Exception):
+    """A build's outputs differ from onnxruntime's: `label` names the build, the message why."""
+
+    def __init__(self, label: str, why: str) -> None:
+        super().__init__(f"the {label} build's outputs differ from onnxruntime's: {why}")
+        self.label = label
+        self.why = why
+
+
+@dataclass
+class VersusOrt:
+    """What `versus_onnxruntime` measured: seconds per call of each build and of onnxruntime,
+    one per round, on `core`; onnxruntime's outputs (`reference`) and the loaded builds
+    (`natives`, for a profile)."""
+
+    ours: dict[str, list[float]]
+    ort: list[float]
+    core: int
+    reference: list[np.ndarray] = field(default_factory=list)
+    natives: dict[str, NativeModel] = field(default_factory=dict)
+
+    def median_s(self, label: str) -> float:
+        return statistics.median(self.ours[label])
+
+    @property
+    def ort_s(self) -> float:
+        return statistics.median(self.ort)
+
+    def ratio(self, label: str) -> float:
+        """onnxruntime's time over the build's (> 1: the build is faster)."""
+        return self.ort_s / self.median_s(label)
+
+
+@contextmanager
+def one_core(core: int | None = None) -> Iterator[int]:
+    """This thread (and any thread it starts) on one core, by default the last it may use, for
+    the block; its former cores after."""
+    allowed = os.sched_getaffinity(0)
+    chosen = max(allowed) if core is None else core
+    os.sched_setaffinity(0, {chosen})
+    try:
+        yield chosen
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def versus_onnxruntime(
+    proto: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    builds: Mapping[str, ModelArtifact],
+    rounds: int,
+    min_round_s: float,
+    rtol: float,
+    core: int | None = None,
+) -> VersusOrt:
+    """Time `builds` against onnxruntime the one way `kiln demo` and `benchmarks/models.py` both
+    do, so the same build gives the same ratio in both.
+
+    Everything happens on one core (`one_core`): onnxruntime's session is created there, each
+    build loaded there, every output checked against onnxruntime's (OutputMismatch), then
+    `rounds` rounds, each timing every build and onnxruntime with `loop_seconds` (the order
+    reversed every other round, so none always follows the same neighbour).
+
+    Raises:
+        OutputMismatch: a build's outputs differ from onnxruntime's by more than `rtol`.
+    """
+    with one_core(core) as pinned:
+        peer = OrtPeer(proto, feeds)
+        reference = peer.run()
+        natives = {label: NativeModel(model, feeds) for label, model in builds.items()}
+        for label, native in natives.items():
+            why = output_mismatch(native.run(), reference, rtol)
+            if why is not None:
+                raise OutputMismatch(label, why)
+        calls: list[tuple[str, Callable[[], None]]] = [
+            *((label, native.call) for label, native in natives.items()),
+            ("onnxruntime", peer.call),
+        ]
+        times: dict[str, list[float]] = {label: [] for label, _ in calls}
+        for round_ in range(rounds):
+            for label, call in calls if round_ % 2 == 0 else calls[::-1]:
+                times[label].append(loop_seconds(call, min_round_s))
+    ort = times.pop("onnxruntime")
+    return VersusOrt(times, ort, pinned, reference, natives)
