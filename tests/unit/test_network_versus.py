@@ -44,7 +44,7 @@ FEEDS = {"x": np.random.default_rng(2).standard_normal((4, 16)).astype(np.float3
 
 
 def test_builds_are_timed_against_onnxruntime_on_one_core_which_is_given_back(
-    built: tuple[onnx.ModelProto, ModelArtifact, ModelArtifact],
+    built: tuple[onnx.ModelProto, ModelArtifact, ModelArtifact], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proto, good, _ = built
     before = os.sched_getaffinity(0)
@@ -55,11 +55,8 @@ def test_builds_are_timed_against_onnxruntime_on_one_core_which_is_given_back(
         seen.append(os.sched_getaffinity(0))
         return real_loop(call, min_round_s)
 
-    timing.loop_seconds = spy  # type: ignore[assignment]
-    try:
-        result = versus_onnxruntime(proto, FEEDS, {"a": good, "b": good}, 3, 0.0, 1e-4)
-    finally:
-        timing.loop_seconds = real_loop  # type: ignore[assignment]
+    monkeypatch.setattr(timing, "loop_seconds", spy)
+    result = versus_onnxruntime(proto, FEEDS, {"a": good, "b": good}, 3, 0.0, 1e-4)
     assert os.sched_getaffinity(0) == before
     assert seen and all(s == {max(before)} for s in seen) and result.core == max(before)
     assert len(result.ours["a"]) == len(result.ours["b"]) == len(result.ort) == 3
@@ -89,11 +86,11 @@ def test_the_demo_and_the_benchmark_time_through_the_same_path_at_the_same_round
 
     monkeypatch.setattr(timing, "versus_onnxruntime", spy)
     demo.time_builds(proto, FEEDS, {"tuned": good})
-    parser_defaults = bench_defaults()
+    parser_defaults = bench_defaults(monkeypatch)
     assert calls == [(parser_defaults["rounds"], parser_defaults["min_round_s"], bench.RTOL)]
 
 
-def bench_defaults() -> dict[str, Any]:
+def bench_defaults(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """benchmarks/models.py's defaults for --rounds and --min-round-s."""
     seen: dict[str, Any] = {}
 
@@ -101,11 +98,7 @@ def bench_defaults() -> dict[str, Any]:
         seen.update(rounds=args.rounds, min_round_s=args.min_round_s)
         raise SystemExit(0)
 
-    original = bench.measure_model
-    bench.measure_model = stop  # type: ignore[assignment]
-    try:
-        with pytest.raises(SystemExit):
-            bench.main(["--models", "bert_tiny"])
-    finally:
-        bench.measure_model = original  # type: ignore[assignment]
+    monkeypatch.setattr(bench, "measure_model", stop)
+    with pytest.raises(SystemExit):
+        bench.main(["--models", "bert_tiny"])
     return seen
