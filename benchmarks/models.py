@@ -166,6 +166,16 @@ class KernelTime:
     ops: str  # the fused group's ops, "+"-joined
     anchor_op: str
     seconds: float
+    template: bool = False  # a template's anchor kernel: what tuning tasks time and tune
+
+    @property
+    def share(self) -> str:
+        """Which part of the model's time this kernel is (see `split`)."""
+        if self.template:
+            return "tuned kernels"
+        if self.role in ("pad", "tail"):
+            return f"{self.role}s around them"
+        return "other steps"
 
 
 def kernel_seconds(
@@ -221,8 +231,29 @@ def kernel_seconds(
                 "+".join(grp.ops),
                 grp.anchor.op,
                 statistics.median(samples),
+                step.role == "anchor" and step.config is not None,
             )
         )
+    return out
+
+
+def split(times: list[KernelTime], whole_s: float) -> list[tuple[str, float]]:
+    """The model's time in parts: its tuned kernels (templates' anchors), the pads and tails
+    around them, the other steps (by anchor op, largest first), each timed alone, and the gap:
+    the whole model's time less the sum of its kernels alone (calls, caches cold or shared
+    between kernels, what timing one kernel at a time hides)."""
+    parts: dict[str, float] = {}
+    for t in times:
+        parts[t.share] = parts.get(t.share, 0.0) + t.seconds
+    out = [
+        (k, parts.get(k, 0.0)) for k in ("tuned kernels", "pads around them", "tails around them")
+    ]
+    others: dict[str, float] = {}
+    for t in times:
+        if t.share == "other steps":
+            others[t.anchor_op] = others.get(t.anchor_op, 0.0) + t.seconds
+    out += sorted(((f"other: {op}", s) for op, s in others.items()), key=lambda kv: -kv[1])
+    out.append(("gap (whole - sum alone)", whole_s - sum(t.seconds for t in times)))
     return out
 
 
@@ -246,6 +277,10 @@ def profile(name: str, graph: Graph, b: Build, top: int) -> None:
         by_op[t.anchor_op] = by_op.get(t.anchor_op, 0.0) + t.seconds
     ranked = sorted(by_op.items(), key=lambda kv: -kv[1])
     print("  by anchor op: " + ", ".join(f"{op} {s * 1e3:.2f} ms" for op, s in ranked))
+    if b.times_s:
+        print(f"  where the whole model's {whole * 1e3:.2f} ms go:")
+        for part, seconds in split(times, whole):
+            print(f"    {part:<32} {seconds * 1e3:8.3f} ms {seconds / whole:7.1%}")
 
 
 def _ms(value: float | None) -> str:
@@ -271,7 +306,7 @@ def print_table(rows: list[Row], tuned_note: str, cache: str) -> None:
             f"{r.workspace / 2**20:7.3f} {r.lower_bound / 2**20:8.3f} {r.kernels:7d} {builds:>11}"
         )
     print(
-        "(1 thread, pinned to one core; ratio = onnxruntime time / our time, medians of "
+        "(1 thread, timed on one core; ratio = onnxruntime time / our time, medians of "
         f"interleaved rounds; build s = untuned[/tuned], {cache}; final line: {tuned_note})"
     )
 

@@ -6,6 +6,7 @@ import concurrent.futures
 import functools
 import importlib.metadata
 import logging
+import math
 import os
 import platform
 import re
@@ -27,6 +28,7 @@ from device_agent.domain import (
     ArtifactMeta,
     DeviceSpec,
     EntryPoint,
+    EvaluatorConfig,
     MeasureRequest,
     MeasureResult,
     RunRequest,
@@ -146,6 +148,7 @@ class Agent:
         executor = self._executor(request.device_id)
         sha = validate_sha256(request.artifact_sha256)
         validate_symbol(request.symbol)
+        validate_timing(request.config)
         ref_sha = None
         if request.check is not None and request.check.reference_sha256:
             ref_sha = validate_sha256(request.check.reference_sha256)
@@ -280,6 +283,33 @@ def validate_symbol(symbol: str) -> str:
     if not _C_IDENTIFIER.fullmatch(symbol):
         raise InvalidRequestError(f"symbol must be a C identifier, got {symbol!r:.80}")
     return symbol
+
+
+# Bounds of a Measure's timing config: past them a request is malformed, whoever sent it (a sweep
+# buffer of 2**40 bytes or a billion repeats would take the executor child's memory or the
+# device for good before any timeout).
+TIMING_LIMITS = {
+    "warmup": 10_000,
+    "number": 100_000_000,
+    "repeat": 10_000,
+    "min_repeat_ms": 60_000.0,
+    "cooldown_ms": 60_000.0,
+    "flush_cache_bytes": 1 << 30,
+    "timeout_s": 86_400.0,
+}
+
+
+def validate_timing(config: EvaluatorConfig) -> EvaluatorConfig:
+    """`config` when every field is a finite number from 0 to its TIMING_LIMITS bound.
+
+    Raises:
+        InvalidRequestError: naming the first field out of bounds.
+    """
+    for name, limit in TIMING_LIMITS.items():
+        value = getattr(config, name)
+        if not math.isfinite(value) or not 0 <= value <= limit:
+            raise InvalidRequestError(f"timing config {name} must be 0..{limit:g}, got {value!r}")
+    return config
 
 
 def _default_leases(config: AgentConfig) -> LeaseVerifier:

@@ -188,6 +188,15 @@ def add_measure_args(p: argparse.ArgumentParser, repeat: int = 3) -> None:
     m.add_argument(
         "--timeout-s", type=float, default=30.0, help="per-measurement limit on the device"
     )
+    m.add_argument(
+        "--flush-cache-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="sweep N bytes between repeats to evict the caches (default 0: off); with "
+        "--min-repeat-ms 0 each repeat is one call on cold caches, as a kernel inside a model "
+        "finds its weights",
+    )
 
 
 # -- from flags to objects ------------------------------------------------------------------
@@ -256,7 +265,10 @@ def evaluator(args: argparse.Namespace) -> EvaluatorConfig:
 
     if args.repeat < 1:
         raise CliError.usage(f"--repeat must be >= 1, got {args.repeat}")
-    given = {f: getattr(args, f) for f in ("min_repeat_ms", "timeout_s") if hasattr(args, f)}
+    if getattr(args, "flush_cache_bytes", 0) < 0:
+        raise CliError.usage(f"--flush-cache-bytes must be >= 0, got {args.flush_cache_bytes}")
+    fields = ("min_repeat_ms", "timeout_s", "flush_cache_bytes")
+    given = {f: getattr(args, f) for f in fields if hasattr(args, f)}
     return EvaluatorConfig(repeat=args.repeat, **given)
 
 

@@ -209,6 +209,36 @@ def test_names_from_the_wire_are_never_paths(env: Env) -> None:
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("flush_cache_bytes", 1 << 40),
+        ("repeat", 1_000_000_000),
+        ("warmup", 100_000),
+        ("min_repeat_ms", float("inf")),
+        ("cooldown_ms", -1.0),
+        ("timeout_s", float("nan")),
+    ],
+)
+def test_a_timing_config_out_of_bounds_is_refused_naming_the_field(
+    env: Env, field: str, value: float
+) -> None:
+    """Checked before the lease and before anything runs: a 1 TiB sweep buffer or a billion
+    repeats would take the executor child's memory or the device for good."""
+    device = env.agent.devices[0].device_id
+    config = common_pb2.EvaluatorConfig(**{field: value})
+    with pytest.raises(grpc.RpcError) as err:
+        env.stub.Measure(
+            agent_pb2.MeasureRequest(
+                device_id=device, artifact_sha256=env.meta.sha256, symbol="add_one", config=config
+            ),
+            timeout=RPC_S,
+            metadata=env.client,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"timing config {field} must be 0.." in (err.value.details() or "")
+
+
 def test_secured_agent_needs_a_lease_key(tmp_path: Path) -> None:
     secrets = PoolSecrets({Role.CLIENT: "c" * 20, Role.AGENT: "a" * 20}, lease_key=None)
     config = AgentConfig(backend="null", cache_dir=str(tmp_path), secrets=secrets)
