@@ -6,11 +6,13 @@ templates `conv2d_nchwc`, `conv2d_1x1_nchwc`, `conv2d_stem_nchwc`, all with the 
 onnxruntime's one-node Conv with its bias. For each case a bounded random search picks the config
 (the configs in `kernels_best.json` start the next search, as a tuner starts from its records;
 `--reuse` skips the search where one is there; `--write-best` records this run's finds there,
-which a run never does unasked: the file is tracked),
-the kernel's output is checked against the peer's, then ours (native timing loop) and the peer
-(a timed Python loop) alternate for `--rounds` rounds. Ratio = peer time / our time (> 1: ours
-is faster). Our inputs are in the kernel's layout (NCHW[x]c, pre-padded, packed weights): that
-packing happens once per model, not per call.
+which a run never does unasked: the file is tracked), the kernel's output is checked against
+the peer's, then ours and the peer alternate for `--rounds` rounds, both timed the same way: a
+Python loop of calls (`loop_seconds`; ours through ctypes, about a microsecond a call;
+onnxruntime with its inputs and output bound once, so a call is `run_with_iobinding`, not
+`session.run`'s ~30 us of feed conversion). Ratio = peer time / our time (> 1: ours is faster).
+Our inputs are in the kernel's layout (NCHW[x]c, pre-padded, packed weights): that packing
+happens once per model, not per call.
 
     python benchmarks/kernels.py [--reuse] [--trials 16] [--rounds 5] [--only sgemm,conv,stem]
         [--write-best]
@@ -49,6 +51,7 @@ from benchmarks.kernel_search import (  # noqa: E402
 )
 from compiler.ops import op_templates  # noqa: E402
 from compiler.toolchain import host_target_name  # noqa: E402
+from tuner.network.timing import loop_seconds  # noqa: E402
 
 BEST_FILE = Path(__file__).resolve().parent / "kernels_best.json"
 
@@ -128,26 +131,18 @@ def onnxruntime_peer(shape: tuple[int, ...], logical: list[np.ndarray]) -> Calla
     session = ort.InferenceSession(
         model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
     )
-    feed = {"x": x}
+    # Inputs and the output bound once (I/O binding): a call is the run itself, without
+    # session.run's per-call feed conversion and output allocation (about 30 us a call here).
+    binding = session.io_binding()
+    binding.bind_cpu_input("x", x)
+    y = np.empty(out_shape, np.float32)
+    binding.bind_output("y", "cpu", 0, np.float32, out_shape, y.ctypes.data)
 
     def run() -> np.ndarray:
-        return np.asarray(session.run(None, feed)[0])
+        session.run_with_iobinding(binding)
+        return y
 
     return run
-
-
-def peer_seconds(run: Callable[[], object], min_repeat_ms: float) -> float:
-    """Mean seconds per call over a loop of at least `min_repeat_ms`, after one warm-up call."""
-    run()
-    number, elapsed = 1, 0.0
-    while True:
-        start = time.perf_counter()
-        for _ in range(number):
-            run()
-        elapsed = time.perf_counter() - start
-        if elapsed * 1e3 >= min_repeat_ms:
-            return elapsed / number
-        number = max(number + 1, int(number * 1.2 * min_repeat_ms / max(elapsed * 1e3, 1e-3)))
 
 
 # -- best-config cache -----------------------------------------------------------------------
@@ -244,10 +239,17 @@ def main(argv: list[str] | None = None) -> int:
             if err > 1e-3 * max(1.0, float(np.abs(expected).max())):
                 print(f"{case.label}: WRONG ANSWER (max error {err:.3g})", flush=True)
                 continue
+            # Both sides the same way: a Python loop of calls (ours through ctypes, the peer's
+            # own Python API), at least --min-repeat-ms a round, the order swapped every round.
             ours_s, peer_s = [], []
-            for _ in range(args.rounds):
-                ours_s.append(statistics.median(kernel.seconds(args.min_repeat_ms, repeat=1)))
-                peer_s.append(peer_seconds(peer, args.min_repeat_ms))
+            round_s = args.min_repeat_ms / 1e3
+            for r in range(args.rounds):
+                if r % 2 == 0:
+                    ours_s.append(loop_seconds(kernel.call, round_s))
+                    peer_s.append(loop_seconds(peer, round_s))
+                else:
+                    peer_s.append(loop_seconds(peer, round_s))
+                    ours_s.append(loop_seconds(kernel.call, round_s))
             ours, theirs = statistics.median(ours_s), statistics.median(peer_s)
             knobs = " ".join(f"{k}={v}" for k, v in config.items())
             rows.append(

@@ -148,7 +148,7 @@ def output_mismatch(ours: list[np.ndarray], ref: list[np.ndarray], rtol: float) 
     return None
 
 
-def loop_seconds(call: Callable[[], None], min_round_s: float) -> float:
+def loop_seconds(call: Callable[[], object], min_round_s: float) -> float:
     """Mean seconds per call over a loop lasting at least `min_round_s`, after one warm-up call."""
     call()
     number = 1
