@@ -153,6 +153,13 @@ def report(result: ModelTuneResult) -> str:
         f"estimated latency: {_ms(result.estimated_s)} ms (sum of weight x best over "
         f"{len(result.tasks)} tasks) after {result.trials} trials on {result.target}"
     )
+    half = [(t, s) for t, s in result.curve if t <= result.trials // 2 and math.isfinite(s)]
+    if half and math.isfinite(result.estimated_s) and half[-1][0] < result.trials:
+        t, s = half[-1]
+        lines.append(
+            f"the estimate after {t} trials was {_ms(s)} ms: the second half of the budget gained "
+            f"{(s - result.estimated_s) / s:.1%}"
+        )
     if result.schedule.stop_reason not in ("", "budget"):
         lines.append(f"stopped before the budget: {result.schedule.stop_reason}")
     return "\n".join(lines)

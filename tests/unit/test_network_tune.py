@@ -394,3 +394,14 @@ def test_the_tasks_a_transfer_model_started_are_reported(tmp_path: Path, transfe
         assert all("other workloads" in note for note in result.transfer.values())
     else:
         assert result.transfer == {}
+
+
+def test_the_report_says_what_the_second_half_of_the_budget_gained(graph: Graph) -> None:
+    from kiln.cli.network import report
+
+    result = run(graph, None, 32)
+    [(t, s)] = [(t, s) for t, s in result.curve if t <= 16][-1:]
+    text = report(result)
+    gained = (s - result.estimated_s) / s
+    assert f"the estimate after {t} trials was {s * 1e3:.3f} ms" in text
+    assert f"the second half of the budget gained {gained:.1%}" in text
