@@ -23,7 +23,10 @@ on an agent first, and the measured per-call time is printed) under every combin
     flush      EvaluatorConfig.flush_cache_bytes 0 vs 8 MiB swept between repeats
     cooldown   EvaluatorConfig.cooldown_ms 0 vs 1 ms slept between repeats
 
-Each cell is one Measure of `--noise-repeats` repeats (warmup=2, number=1); its coefficient of
+with one call per repeat, and two more settings timed the tuner's own way: repeats of at least
+20 ms (`min_repeat_ms`, the calls of a repeat averaged), pinned and not.
+
+Each cell is one Measure of `--noise-repeats` repeats (warmup=2, number=1 to start); its coefficient of
 variation (CV = stdev / mean of the repeats) is one sample. Every round measures all cells, in a
 seeded shuffled order, so that all settings see the same machine noise; after one discarded warm-up
 round, `--rounds` rounds are kept and the median CV per setting is reported, with the setting of the
@@ -73,6 +76,7 @@ TVM_CYCLE_MS = 98.0
 TVM_LABEL = f"vs TVM {TVM_CYCLE_MS:.0f} ms (quoted, REFERENCE.md)"
 FLUSH_BYTES = 8 << 20
 COOLDOWN_MS = 1.0
+MIN_REPEAT_MS = 20.0  # the tuner's default (EvaluatorConfig.min_repeat_ms)
 N = 256
 # ~20 KB: the padding table is read by the kernel, so the linker keeps it.
 SMALL_C = (
@@ -353,29 +357,38 @@ class Setting:
     pinned: bool
     flush_bytes: int
     cooldown_ms: float
+    min_repeat_ms: float = 0.0  # > 0: a repeat averages as many calls as fill this (number grows)
 
     def label(self, pin_core: int, pad: bool = True) -> str:
         pin = f"core {pin_core}" if self.pinned else "no"
         flush = f"{self.flush_bytes >> 20} MiB" if self.flush_bytes else "0"
+        calls = f" repeat>={self.min_repeat_ms:g} ms" if self.min_repeat_ms else ""
         if not pad:
-            return f"pin={pin} flush={flush} cooldown={self.cooldown_ms:g} ms"
-        return f"pin={pin:<6} flush={flush:<5} cooldown={self.cooldown_ms:g} ms"
+            return f"pin={pin} flush={flush} cooldown={self.cooldown_ms:g} ms{calls}"
+        return f"pin={pin:<6} flush={flush:<5} cooldown={self.cooldown_ms:g} ms{calls}"
 
     def config(self, repeats: int) -> common_pb2.EvaluatorConfig:
         return common_pb2.EvaluatorConfig(
             warmup=2,
             number=1,
             repeat=repeats,
+            min_repeat_ms=self.min_repeat_ms,
             flush_cache_bytes=self.flush_bytes,
             cooldown_ms=self.cooldown_ms,
         )
 
 
-SETTINGS = tuple(
-    Setting(pinned, flush, cooldown)
-    for pinned in (False, True)
-    for flush in (0, FLUSH_BYTES)
-    for cooldown in (0.0, COOLDOWN_MS)
+# Every combination of pinning, flush and cooldown with one call per repeat, and the tuner's
+# own way (repeats of at least MIN_REPEAT_MS, calls averaged) pinned and not.
+SETTINGS = (
+    *(
+        Setting(pinned, flush, cooldown)
+        for pinned in (False, True)
+        for flush in (0, FLUSH_BYTES)
+        for cooldown in (0.0, COOLDOWN_MS)
+    ),
+    Setting(False, 0, 0.0, MIN_REPEAT_MS),
+    Setting(True, 0, 0.0, MIN_REPEAT_MS),
 )
 
 
@@ -421,7 +434,7 @@ def noise_matrix(
         for setting, label in order:
             key = PINNED_KEY if setting.pinned else KEY
             result = client.cycle(kernels[label], setting.config(repeats), key)
-            if result.number_used != 1:
+            if result.number_used != 1 and not setting.min_repeat_ms:
                 raise RuntimeError(f"expected number=1, the agent used {result.number_used}")
             if rnd == 0:
                 continue
@@ -459,7 +472,7 @@ def print_noise(
     print("CV = stdev/mean of one cell's repeats; med = median over rounds, range = min-max;")
     print(">1.5x = median share of repeats over 1.5x their median (preempted)")
     print()
-    width = 36
+    width = 51
     block = f"  {'per call':>9}{'CV med':>8}{'CV range':>13}{'>1.5x':>6}"
     print(
         f"{'':<{width}}" + "".join(f"{'~' + label + ' kernel':^{len(block)}}" for label in labels)
