@@ -13,14 +13,24 @@ usage, 1 when the work failed, 130 on Ctrl-C, 143 on SIGTERM.
 
 from __future__ import annotations
 
-import argparse
-import logging
-import signal
-import sys
-from collections.abc import Sequence
+import os
 
-from kiln.cli import common, demo, devices, network, records, tune_op, zoo
-from kiln.cli.errors import CliError
+# numpy's BLAS on one thread unless the user says otherwise, set before numpy loads: the demo
+# times its builds beside onnxruntime on one core as benchmarks/models.py does, and that sets the
+# same; an idle BLAS pool's threads spin after each call (constant folding makes a few), beside
+# whatever is timed. No command uses numpy's BLAS for anything large. (Not OMP_NUM_THREADS: a local
+# pool's agents inherit this environment, and parallel kernels use OpenMP.)
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from kiln.cli import common, demo, devices, network, records, tune_op, zoo  # noqa: E402
+from kiln.cli.errors import CliError  # noqa: E402
 
 DESCRIPTION = """Tune deep-learning tensor programs on a pool of devices.
 

@@ -60,3 +60,25 @@ def test_kiln_tune_retires_stalled_tasks_by_default() -> None:
     assert parser.parse_args(["tune", "m.onnx"]).early_stop == NETWORK_EARLY_STOP == 200
     assert parser.parse_args(["tune", "m.onnx", "--early-stop", "50"]).early_stop == 50
     assert parser.parse_args(["tune-op", "dense", "--shape", "8,8,8"]).early_stop is None
+
+
+def test_the_cli_runs_numpys_blas_on_one_thread_unless_told_otherwise() -> None:
+    """As benchmarks/models.py does before numpy loads: the demo times beside onnxruntime the
+    same way. OpenMP is left alone (a local pool's agents inherit it for parallel kernels)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, kiln.cli; print(os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('OMP_NUM_THREADS'))"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["1", "None"]
+    env["OPENBLAS_NUM_THREADS"] = "4"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split()[0] == "4"
