@@ -175,7 +175,6 @@ def _interleaved_child() -> int:
     from compiler import ops
     from compiler.ops.base import OpTemplate
     from compiler.ops.space import Config
-    from device_agent import abi
     from tuner.network.timing import loop_seconds, output_mismatch
 
     def refuse(why: str) -> int:
@@ -216,8 +215,10 @@ def _interleaved_child() -> int:
     if len(outputs) != 1:
         return refuse(f"the kernel has {len(outputs)} outputs, a matmul one")
     lib = ctypes.CDLL(spec["path"])  # kept alive with the function bound from it
-    run = abi.bind_entry(lib, spec["symbol"])
-    pointers = abi.pack_args(arrays)
+    run = lib[spec["symbol"]]  # the packed entry ABI: int32_t f(void **args)
+    run.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    run.restype = ctypes.c_int32
+    pointers = (ctypes.c_void_p * max(len(arrays), 1))(*[x.ctypes.data for x in arrays])
     rtol = float(spec["rtol"])
 
     def check(when: str) -> str | None:

@@ -80,8 +80,8 @@ class Backend(ABC):
 # its configs use (dense: one per (nr, kc), 20 of sgemm 1024's valid configs on AVX-512, 4 MiB of
 # output each), and a search visits them in no order, so the store must hold a task's layouts at
 # once: at 64 MiB (16 of them) a run over 200 random sgemm configs re-ran evicted references, and
-# checking added 37% to the measuring time. Bounded still, so a board's executor child (whose address space
-# the agent caps, 8 GiB by default) stays small; a miss costs only one run of a reference.
+# checking added 37% to the measuring time. Bounded still, so a board's executor child (whose
+# address space the agent caps, 8 GiB by default) stays small; a miss costs one reference run.
 REFERENCE_CACHE_BYTES = 256 * 1024 * 1024
 
 # (reference artifact path, reference symbol, seed, the candidate's INPUT (shape, dtype)s): the

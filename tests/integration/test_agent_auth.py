@@ -226,7 +226,8 @@ def test_a_timing_config_out_of_bounds_is_refused_naming_the_field(
     """Checked before the lease and before anything runs: a 1 TiB sweep buffer or a billion
     repeats would take the executor child's memory or the device for good."""
     device = env.agent.devices[0].device_id
-    config = common_pb2.EvaluatorConfig(**{field: value})
+    config = common_pb2.EvaluatorConfig()
+    setattr(config, field, value)
     with pytest.raises(grpc.RpcError) as err:
         env.stub.Measure(
             agent_pb2.MeasureRequest(

@@ -164,7 +164,8 @@ class PoolRunner:
             )
         self.max_spread = max_spread
         self.remeasure = remeasure
-        self.remeasured = 0  # extra measurements of noisy candidates
+        self.remeasured = 0  # extra measurements of noisy candidates (under _count_lock)
+        self._count_lock = threading.Lock()
         self._tracker = TrackerClient(pool.tracker, pool.token, pool.tls)
         self._metadata = call_metadata(pool.token)
         self._agents: dict[str, tuple[grpc.Channel, agent_pb2_grpc.AgentStub]] = {}
@@ -508,7 +509,8 @@ class PoolRunner:
             again = serde.measure_result(msg) if msg is not None else None
             if again is None or not again.ok:
                 break  # keep what was measured; a device lost now shows on the next candidate
-            self.remeasured += 1
+            with self._count_lock:
+                self.remeasured += 1
             samples += again.samples_s
             last = again
             if spread(samples) <= self.max_spread:
