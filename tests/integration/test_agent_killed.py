@@ -134,7 +134,7 @@ def test_killed_agent_gives_device_lost_and_the_run_continues_elsewhere(tmp_path
             runner.close()
         assert [r.status for r in rest] == [Status.OK] * 3, [r.error for r in rest]
         survivor = next(a for a in agents if a != victim)
-        assert all(len(r.samples_s) == 2 for r in rest)
+        assert all(len(r.samples_s) in (2, 4) for r in rest)  # 4: a noisy one measured again
         assert {r.device_id for r in rest} != {lost.device_id}
         assert device_states(tracker)[survivor] in (tracker_pb2.FREE, tracker_pb2.LEASED)
     finally:

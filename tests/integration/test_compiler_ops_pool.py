@@ -44,4 +44,5 @@ def test_op_templates_build_and_measure_on_an_agent(pool: LocalPool) -> None:
         runner.close()
     for w, r in zip(WORKLOADS, results, strict=True):
         assert r.status is Status.OK, f"{w.op}: {r.error}"
-        assert len(r.samples_s) == 2 and all(s > 0 for s in r.samples_s)
+        # 2 repeats, or 4 where a noisy first measurement was measured again
+        assert len(r.samples_s) in (2, 4) and all(s > 0 for s in r.samples_s)

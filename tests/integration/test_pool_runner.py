@@ -49,7 +49,7 @@ def test_measures_a_compiled_matmul_and_uploads_it_once(pool: LocalPool) -> None
         runner.close()
     for r in (first, second):
         assert r.status is Status.OK, r.error
-        assert len(r.samples_s) == 2 and all(s > 0 for s in r.samples_s)
+        assert len(r.samples_s) in (2, 4) and all(s > 0 for s in r.samples_s)  # 4: noisy, again
         assert r.device_id.endswith("/0")
     cache = pool.workdir / "cache0"
     stored = [p for p in cache.rglob("*") if p.name.startswith(built.artifact.sha256[:16])]
