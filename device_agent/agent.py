@@ -42,6 +42,7 @@ from device_agent.jobs import MEASURE, RUN, Job, JobResult, ReferenceCheck
 from device_agent.leases import AcceptAllLeases, FencingLeases, LeaseVerifier
 from device_agent.quarantine import Quarantine
 from device_agent.telemetry import TelemetryReader
+from protos.ids import identifier_problem
 
 _LOG = logging.getLogger(__name__)
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
@@ -84,6 +85,10 @@ class Agent:
         """
         self.config = config
         self.agent_id = config.agent_id or default_agent_id()
+        for field, value in (("agent id", self.agent_id), ("key", config.key)):
+            problem = identifier_problem(field, value)
+            if problem is not None:
+                raise ValueError(f"{problem} (the tracker refuses it)")
         self.backend = get_backend(config.backend)
         state_dir = os.path.join(os.path.abspath(config.cache_dir), "backends", self.backend.name)
         self.backend.prepare(state_dir)

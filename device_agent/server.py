@@ -109,12 +109,18 @@ def create_server(
         options=[
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            # gRPC sets SO_REUSEPORT by default: a second agent on a taken port would bind too and
+            # take half the connections (and the other's leases' calls). Fail the bind instead.
+            ("grpc.so_reuseport", 0),
         ],
     )
-    if config.tls.enabled:
-        port = server.add_secure_port(listen, server_credentials(config.tls))
-    else:
-        port = server.add_insecure_port(listen)
+    try:
+        if config.tls.enabled:
+            port = server.add_secure_port(listen, server_credentials(config.tls))
+        else:
+            port = server.add_insecure_port(listen)
+    except RuntimeError as error:
+        raise OSError(f"cannot listen on {listen}: {error}") from error
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     address = f"{config.advertise_host}:{port}"

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+from protos.ids import identifier_problem
 from tracker.errors import InvalidArgument
 from tracker.model import DeviceSpec, LeaseRequest, Registration
 
@@ -15,6 +16,15 @@ from tracker.model import DeviceSpec, LeaseRequest, Registration
 MAX_TAGS = 64
 MAX_TAG_NAME_CHARS = 64
 MAX_TAG_VALUE_CHARS = 1024
+# Devices one agent may register: every ListDevices answer holds them all.
+MAX_DEVICES_PER_AGENT = 256
+
+
+def identifier(field: str, value: str) -> None:
+    """Raise InvalidArgument (naming `field`) unless `value` may be an id or key (`protos.ids`)."""
+    problem = identifier_problem(field, value)
+    if problem is not None:
+        raise InvalidArgument(problem)
 
 
 def registration(agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]) -> Registration:
@@ -24,18 +34,26 @@ def registration(agent_id: str, agent_address: str, devices: Sequence[DeviceSpec
     the request's.
 
     Raises:
-        InvalidArgument: empty agent_id, a device without key, a duplicated device_id, or tags
-            past the bounds (see `tags`).
+        InvalidArgument: an empty or malformed agent_id, key or device_id (see `identifier`),
+            more than MAX_DEVICES_PER_AGENT devices, a duplicated device_id, or tags past the
+            bounds (see `tags`).
     """
     if not agent_id:
         raise InvalidArgument("agent_id must not be empty")
+    identifier("agent_id", agent_id)
+    if len(devices) > MAX_DEVICES_PER_AGENT:
+        raise InvalidArgument(
+            f"an agent may register at most {MAX_DEVICES_PER_AGENT} devices, got {len(devices)}"
+        )
     filled: list[DeviceSpec] = []
     seen: dict[str, int] = {}
     for index, spec in enumerate(devices):
         if not spec.key:
             raise InvalidArgument(f"devices[{index}].key must not be empty")
+        identifier(f"devices[{index}].key", spec.key)
         tags(f"devices[{index}].tags", spec.tags)
         device_id = spec.device_id or f"{agent_id}/{index}"
+        identifier(f"devices[{index}].device_id", device_id)
         if device_id in seen:
             raise InvalidArgument(
                 f"devices[{index}].device_id {device_id!r} duplicates devices[{seen[device_id]}]"

@@ -351,3 +351,25 @@ def test_open_agent_refuses_a_non_loopback_address(tmp_path: Path) -> None:
     assert is_loopback("127.0.0.1:1") and is_loopback("[::1]:1") and is_loopback("localhost:1")
     assert not is_loopback("0.0.0.0:1") and not is_loopback("10.1.2.3:1")
     assert not is_loopback("[::]:9191")
+
+
+def test_a_second_agent_on_a_taken_port_fails_instead_of_sharing_it(tmp_path: Path) -> None:
+    """gRPC binds with SO_REUSEPORT by default: a second agent would have taken half of the
+    first one's connections."""
+    first = AgentConfig(backend="null", cache_dir=str(tmp_path / "a"))
+    server, port, _ = create_server("127.0.0.1:0", first)
+    with server:
+        second = AgentConfig(backend="null", cache_dir=str(tmp_path / "b"))
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            create_server(f"127.0.0.1:{port}", second)
+
+
+@pytest.mark.parametrize(("key", "agent_id"), [("x86 avx512", ""), ("k", "a|b")])
+def test_an_agent_with_a_key_or_id_the_tracker_would_refuse_does_not_start(
+    tmp_path: Path, key: str, agent_id: str
+) -> None:
+    config = AgentConfig(backend="null", cache_dir=str(tmp_path), key=key, agent_id=agent_id)
+    with pytest.raises(
+        ValueError, match=r"must be 1 to 128 characters .*\(the tracker refuses it\)"
+    ):
+        create_server("127.0.0.1:0", config)
