@@ -35,9 +35,11 @@ def pool() -> Iterator[LocalPool]:
         yield p
 
 
-def runner(pool: LocalPool, remeasure: int) -> PoolRunner:
+def runner(
+    pool: LocalPool, remeasure: int, timing: EvaluatorConfig = ONE_CALL, max_spread: float = 0.10
+) -> PoolRunner:
     config = PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token)
-    return PoolRunner(config, ONE_CALL, max_spread=0.10, remeasure=remeasure)
+    return PoolRunner(config, timing, max_spread=max_spread, remeasure=remeasure)
 
 
 def test_a_noisy_result_is_measured_again_and_flagged(
@@ -59,20 +61,22 @@ def test_a_noisy_result_is_measured_again_and_flagged(
     assert rec.Record.from_json(record.to_json()).result.noisy
 
 
-def test_a_steady_result_is_measured_once_and_not_flagged(
+def test_a_result_within_the_bound_is_measured_once_and_not_flagged(
     pool: LocalPool, kit: tuple[Artifact, Artifact]
 ) -> None:
+    """With a bound no timing here reaches (spread 10x the median: even two CPU hogs on both
+    cores kept add_one's 5 ms repeats within it), no result is measured again or flagged; a
+    runner that measured every result again would have done 3 more. (How often a real bound
+    trips is the machine's business; `benchmarks/measure.py` measures that noise.)"""
     _, steady = kit
-    r = runner(pool, remeasure=2)
+    averaged = EvaluatorConfig(warmup=1, number=1, repeat=5, min_repeat_ms=5.0, timeout_s=30.0)
+    r = runner(pool, remeasure=1, timing=averaged, max_spread=10.0)
     try:
         results = r.run([steady] * 3)
     finally:
         r.close()
-    # add_one over 1024 floats takes about a microsecond: a sample far from the others would be
-    # a preemption, rare; at most one of three candidates may have needed a second look.
-    assert all(x.ok for x in results)
-    assert r.remeasured <= 2  # a runner that measured everything again would have done 6
-    assert sum(len(x.samples_s) == ONE_CALL.repeat and not x.noisy for x in results) >= 2
+    assert all(x.ok and not x.noisy and len(x.samples_s) == 5 for x in results)
+    assert r.remeasured == 0
 
 
 def test_remeasure_zero_flags_without_measuring_again(
