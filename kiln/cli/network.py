@@ -160,6 +160,13 @@ def report(result: ModelTuneResult) -> str:
             f"the estimate after {t} trials was {_ms(s)} ms: the second half of the budget gained "
             f"{(s - result.estimated_s) / s:.1%}"
         )
+    elif result.tasks and math.isfinite(result.estimated_s):
+        first = next((t for t, s in result.curve if math.isfinite(s)), result.trials)
+        lines.append(
+            f"the first estimate came at {first} of {result.trials} trials, once every task had "
+            "a measured config: this budget is about one round per task, and more trials would "
+            "tune each further"
+        )
     if result.schedule.stop_reason not in ("", "budget"):
         lines.append(f"stopped before the budget: {result.schedule.stop_reason}")
     return "\n".join(lines)

@@ -405,3 +405,10 @@ def test_the_report_says_what_the_second_half_of_the_budget_gained(graph: Graph)
     gained = (s - result.estimated_s) / s
     assert f"the estimate after {t} trials was {s * 1e3:.3f} ms" in text
     assert f"the second half of the budget gained {gained:.1%}" in text
+
+
+def test_a_budget_of_one_round_per_task_says_so(graph: Graph) -> None:
+    from kiln.cli.network import report
+
+    result = run(graph, None, 12)  # 3 tasks x 4: the warm-up round alone
+    assert "the first estimate came at 12 of 12 trials" in report(result)
