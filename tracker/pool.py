@@ -102,6 +102,9 @@ class DevicePool:
         self._queue = WaitQueue()
         self._closed = False
         self._grace_ends = time.monotonic() + config.startup_grace_s
+        # Agents are not judged silent until one agent timeout after this pool started: with a
+        # store that outlived a restart (Redis), the tracker's own downtime is no agent's silence.
+        self._silence_judged_from = self._clock() + config.agent_timeout_s
         store.watch(self._on_store_change)
 
     def register(self, agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]) -> float:
@@ -279,9 +282,9 @@ class DevicePool:
             entries = [(waiter.ticket, waiter.request) for waiter in self._queue]
             if entries:
                 self._store.keep_queued(entries, now, self.config.queued_request_ttl_s)
-        report = self._store.expire(
-            now, self.config.agent_timeout_s, self.config.lost_device_retention_s
-        )
+        # (1e12 s, not inf: the Redis store's Lua reads the number from a string)
+        agent_timeout_s = self.config.agent_timeout_s if now >= self._silence_judged_from else 1e12
+        report = self._store.expire(now, agent_timeout_s, self.config.lost_device_retention_s)
         for agent_id in report.expired_agents:
             _LOG.warning("agent %s stopped heartbeating; its devices are LOST", agent_id)
         if report.pruned_devices:

@@ -414,3 +414,43 @@ def test_two_redis_store_objects_never_grant_one_device_twice(store_url: str) ->
         store.close()
     granted = sorted(lease.device.device_id for lease in leases if lease is not None)
     assert granted == ["a/0", "a/1", "a/2"]
+
+
+@redis_only
+def test_a_restarted_tracker_does_not_count_its_downtime_as_agent_silence(store_url: str) -> None:
+    """The store outlives the tracker (Redis): a new pool over it gives every agent one agent
+    timeout from its start before calling it silent, so a tracker down for longer than that ends
+    no lease by itself; an agent still silent after it is LOST as before."""
+    from tracker.config import TrackerConfig
+    from tracker.pool import DevicePool
+
+    config = TrackerConfig(heartbeat_interval_s=2.0, default_lease_ttl_s=600.0, startup_grace_s=0)
+    now = [T0]
+    clock = lambda: now[0]  # noqa: E731
+    first_store = open_store(store_url)
+    first = DevicePool(first_store, config, clock=clock)
+    first.register("live", "h:1", [DeviceSpec("", "k")])
+    first.register("dead", "h:2", [DeviceSpec("", "j")])
+    lease = first.acquire(LeaseRequest(key="k", timeout_s=0)).lease
+    assert lease is not None
+    first.close()
+    first_store.close()
+
+    now[0] += 60.0  # the tracker is down for 60 s, 15 agent timeouts
+    second_store = open_store(store_url)
+    second = DevicePool(second_store, config, clock=clock)
+    try:
+        report = second.reap()
+        assert report.expired_agents == () and report.ended_leases == ()
+        now[0] += config.agent_timeout_s - 1.0  # still within the fresh grace
+        assert second.reap().expired_agents == ()
+        assert second.heartbeat("live")
+        now[0] += 1.5  # past the grace: "live" beat 1.5 s ago, "dead" not since the restart
+        report = second.reap()
+        assert report.expired_agents == ("dead",)  # silent since the restart too
+        assert lease.lease_id not in report.ended_leases
+        held = {d.spec.device_id: d.state for d in second_store.devices()}
+        assert held == {"live/0": DeviceState.LEASED, "dead/0": DeviceState.LOST}
+    finally:
+        second.close()
+        second_store.close()
