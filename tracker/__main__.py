@@ -1,6 +1,7 @@
 """kiln-tracker: serve the device pool until SIGTERM or SIGINT.
 
     kiln-tracker --listen 127.0.0.1:9190 [--heartbeat-interval-s 2] [--store memory|redis://...]
+                 [--store-file URL_FILE]     # or $KILN_TRACKER_STORE: a password stays out of ps
                  [--token-file SECRETS] [--tls-cert C --tls-key K [--tls-client-ca CA]]
                  [--metrics-port P] [--insecure] [--ready-file PATH] [--log-level info]
     kiln-tracker init-secrets SECRETS     # write a new pool secrets file (mode 0600) and exit
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 
 from protos.auth import PoolSecrets, Role, SecretsError, TlsFiles, load_secrets, write_secrets
 from protos.daemon import StopSignals
+from protos.redis_url import redact
 from tracker.config import TrackerConfig
 from tracker.errors import UnknownStore
 from tracker.server import create_server
@@ -32,6 +34,8 @@ from tracker.store import AVAILABLE_STORES, is_store_name
 
 _LOG = logging.getLogger(__name__)
 
+# The store URL when neither --store nor --store-file gives it (keeps a password out of `ps`).
+STORE_ENV = "KILN_TRACKER_STORE"
 # Seconds a stopping server gives in-flight RPCs before cancelling them.
 _SHUTDOWN_GRACE_S = 2.0
 
@@ -50,8 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--store",
-        default="memory",
-        help=f"memory (default) or a redis URL; schemes: {', '.join(AVAILABLE_STORES)}",
+        default=None,
+        help=f"memory (default) or a redis URL; schemes: {', '.join(AVAILABLE_STORES)}. A URL "
+        f"with a password belongs in ${STORE_ENV} or --store-file, not on a command line "
+        "anyone can read with ps",
+    )
+    parser.add_argument(
+        "--store-file",
+        help="a file holding the --store URL (keep it mode 0600, like the secrets file)",
     )
     parser.add_argument(
         "--token-file",
@@ -73,6 +83,24 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     return parser
+
+
+def _store_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The store: --store, else --store-file's contents, else $KILN_TRACKER_STORE, else memory."""
+    if args.store is not None and args.store_file:
+        parser.error("give --store or --store-file, not both")
+    if args.store is not None:
+        return str(args.store)
+    if args.store_file:
+        try:
+            with open(args.store_file, encoding="utf-8") as f:
+                url = f.read().strip()
+        except OSError as error:
+            parser.error(f"--store-file {args.store_file}: {error.strerror}")
+        if not url:
+            parser.error(f"--store-file {args.store_file} is empty")
+        return url
+    return os.environ.get(STORE_ENV, "") or "memory"
 
 
 def write_ready_file(path: str, address: str, *extra_lines: str) -> None:
@@ -136,10 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    args.store = _store_url(parser, args)
     if not is_store_name(args.store):
         parser.error(
-            f"--store {args.store!r} is not available; use memory, redis[s]://host:port/db "
-            "or redis+unix:///path"
+            f"--store {redact(args.store)!r} is not available; use memory, "
+            "redis[s]://host:port/db or redis+unix:///path"
         )
     host = args.listen.rsplit(":", 1)[0]
     if not args.token_file and not args.insecure and not is_loopback(host):

@@ -156,3 +156,44 @@ def test_ready_file_takes_extra_lines(tmp_path: Path) -> None:
     path = tmp_path / "ready"
     write_ready_file(str(path), "127.0.0.1:1", "http://127.0.0.1:2/metrics")
     assert path.read_text() == "127.0.0.1:1\nhttp://127.0.0.1:2/metrics\n"
+
+
+def test_the_store_url_comes_from_a_file_or_the_environment_and_is_never_echoed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A password on the command line is in `ps` for every user of the host: --store-file and
+    $KILN_TRACKER_STORE keep it off, and an unusable URL is named without its password."""
+    secret = tmp_path / "store.url"
+    secret.write_text("bogus://:hunter2@10.0.0.5:6379/0\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--listen", "127.0.0.1:0", "--store-file", str(secret)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "is not available" in err and "hunter2" not in err
+    monkeypatch.setenv("KILN_TRACKER_STORE", "bogus://:hunter2@h:1/0")
+    with pytest.raises(SystemExit):
+        main(["--listen", "127.0.0.1:0"])
+    err = capsys.readouterr().err
+    assert "is not available" in err and "hunter2" not in err
+    with pytest.raises(SystemExit):
+        main(["--store", "memory", "--store-file", str(secret)])
+    assert "not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--store-file", str(tmp_path / "missing")])
+    assert "--store-file" in capsys.readouterr().err
+
+
+def test_the_store_url_is_read_from_the_file_then_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracker.__main__ import _parser, _store_url
+
+    url_file = tmp_path / "store.url"
+    url_file.write_text("redis://:pw@10.0.0.5:6379/0\n")
+    parser = _parser()
+    monkeypatch.setenv("KILN_TRACKER_STORE", "redis://env:6379/1")
+    assert _store_url(parser, parser.parse_args(["--store-file", str(url_file)])) == (
+        "redis://:pw@10.0.0.5:6379/0"
+    )
+    assert _store_url(parser, parser.parse_args([])) == "redis://env:6379/1"
+    monkeypatch.delenv("KILN_TRACKER_STORE")
+    assert _store_url(parser, parser.parse_args([])) == "memory"
