@@ -324,10 +324,10 @@ def _default_leases(config: AgentConfig) -> LeaseVerifier:
 
 
 def _validate_spec(spec: TensorSpec) -> None:
-    try:
-        np.dtype(spec.dtype)
-    except TypeError:
-        raise InvalidRequestError(f"arg {spec.name!r} has unknown dtype {spec.dtype!r}") from None
+    if arrays.plain_dtype(spec.dtype) is None:
+        raise InvalidRequestError(
+            f"arg {spec.name!r} has dtype {spec.dtype!r:.40}: not a number or bool type"
+        )
     if any(d < 0 for d in spec.shape):
         raise InvalidRequestError(f"arg {spec.name!r} has a negative dimension: {spec.shape}")
 

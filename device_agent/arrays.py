@@ -17,6 +17,21 @@ from device_agent.domain import ArgRole, TensorSpec
 _INT_LOW, _INT_HIGH = -4, 5
 
 
+# The element kinds an entry's arguments may have: bool, signed and unsigned integers, floats. No
+# objects (Python pointers), strings, datetimes or structured records: a kernel takes none of them,
+# and numpy cannot make some of them from bytes at all.
+PLAIN_KINDS = frozenset("biuf")
+
+
+def plain_dtype(name: str) -> np.dtype | None:
+    """The dtype `name` names when it is a plain number or bool (PLAIN_KINDS), else None."""
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError, SyntaxError):
+        return None
+    return dtype if dtype.kind in PLAIN_KINDS and dtype.itemsize > 0 else None
+
+
 def make_input(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     """One seeded input: standard normal for floats, small integers otherwise."""
     dtype = np.dtype(spec.dtype)

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from device_agent.arrays import plain_dtype
 from device_agent.domain import (
     AgentInfo,
     ArgRole,
@@ -156,10 +157,10 @@ def ndarray_to_pb(array: np.ndarray) -> common_pb2.NDArray:
 
 def ndarray_from_pb(pb: common_pb2.NDArray) -> np.ndarray:
     """The array (raises InvalidRequestError when dtype, shape and data disagree)."""
-    try:
-        dtype = np.dtype(pb.dtype).newbyteorder("<")
-    except TypeError:
-        raise InvalidRequestError(f"unknown dtype {pb.dtype!r}") from None
+    plain = plain_dtype(pb.dtype)
+    if plain is None:
+        raise InvalidRequestError(f"array dtype {pb.dtype!r:.40} is not a number or bool type")
+    dtype = plain.newbyteorder("<")
     shape = tuple(pb.shape)
     if any(d < 0 for d in shape) or len(pb.data) != math.prod(shape) * dtype.itemsize:
         raise InvalidRequestError(

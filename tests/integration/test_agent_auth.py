@@ -373,3 +373,26 @@ def test_an_agent_with_a_key_or_id_the_tracker_would_refuse_does_not_start(
         ValueError, match=r"must be 1 to 128 characters .*\(the tracker refuses it\)"
     ):
         create_server("127.0.0.1:0", config)
+
+
+@pytest.mark.parametrize("dtype", ["O", "U8", "datetime64[s]", "float32,int32", "no-such-type"])
+def test_an_input_of_a_dtype_no_kernel_takes_is_invalid_argument_naming_it(
+    env: Env, dtype: str
+) -> None:
+    """An object array ("O") used to come back UNKNOWN with numpy's own text."""
+    device = env.agent.devices[0].device_id
+    with pytest.raises(grpc.RpcError) as err:
+        env.stub.Run(
+            agent_pb2.RunRequest(
+                device_id=device,
+                lease_id="lease-ok",
+                lease_token=env.token("lease-ok", device),
+                artifact_sha256=env.meta.sha256,
+                symbol="add_one",
+                inputs=[common_pb2.NDArray(shape=[1], dtype=dtype, data=b"\0" * 8)],
+            ),
+            timeout=RPC_S,
+            metadata=env.client,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not a number or bool type" in (err.value.details() or "")
