@@ -23,6 +23,7 @@ from device_agent.registration import Registrar
 from device_agent.service import AgentServicer
 from protos import agent_pb2_grpc
 from protos.auth import Role, server_credentials
+from protos.decoding import StrictDecoding
 
 _LOG = logging.getLogger(__name__)
 # Run carries whole tensors both ways; gRPC's 4 MiB default would cap them. Uploads stream in
@@ -102,7 +103,10 @@ def create_server(
         config.secrets.token(Role.CLIENT)
         if config.tracker_address:
             agent_token = config.secrets.token(Role.AGENT)
-    interceptors = [] if config.secrets is None else [agent_interceptor(config.secrets)]
+    interceptors: list[grpc.ServerInterceptor] = (
+        [] if config.secrets is None else [agent_interceptor(config.secrets)]
+    )
+    interceptors.append(StrictDecoding())  # malformed bytes: INVALID_ARGUMENT, not INTERNAL
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4 + 2 * config.devices),
         interceptors=interceptors,

@@ -2,7 +2,7 @@
 
 The server carries, besides the Tracker service: the standard gRPC health service (SERVING while
 up, NOT_SERVING from the start of a graceful stop), bearer-token auth when pool secrets are given
-(tracker.auth), strict request decoding (tracker.decoding), TLS or mutual TLS when TLS files are
+(tracker.auth), strict request decoding (protos.decoding), TLS or mutual TLS when TLS files are
 given, and optionally a Prometheus endpoint (tracker.metrics).
 """
 
@@ -17,9 +17,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos import tracker_pb2_grpc
 from protos.auth import PoolSecrets, TlsFiles, server_credentials
+from protos.decoding import StrictDecoding
 from tracker.auth import tracker_interceptor
 from tracker.config import TrackerConfig
-from tracker.decoding import StrictDecoding
 from tracker.pool import DevicePool
 from tracker.reaper import Reaper
 from tracker.service import TrackerService

@@ -396,3 +396,14 @@ def test_an_input_of_a_dtype_no_kernel_takes_is_invalid_argument_naming_it(
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "is not a number or bool type" in (err.value.details() or "")
+
+
+def test_malformed_bytes_are_invalid_argument_and_the_agent_keeps_serving(env: Env) -> None:
+    """As on the tracker (protos.decoding): the agent said INTERNAL "Exception deserializing"."""
+    raw_info = env.channel.unary_unary("/kiln.v1.Agent/Info")
+    with pytest.raises(grpc.RpcError) as err:
+        raw_info(b"\x0a\xff\x01\x02", timeout=RPC_S, metadata=env.client)  # truncated field 1
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed request to /kiln.v1.Agent/Info" in (err.value.details() or "")
+    info = env.stub.Info(agent_pb2.InfoRequest(), timeout=RPC_S, metadata=env.client)
+    assert info.agent_id == env.agent.agent_id

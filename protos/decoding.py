@@ -3,7 +3,8 @@
 gRPC Python decodes a request before the servicer runs and answers a decode failure with a bare
 INTERNAL "Exception deserializing request!". This interceptor takes the decoding over for unary
 calls, so a malformed message is the client's error (INVALID_ARGUMENT, naming the method and what
-the protobuf parser said) and never reaches the servicer.
+the protobuf parser said) and never reaches the servicer. Both daemons use it (tracker and
+agent), after their token check.
 """
 
 from __future__ import annotations
