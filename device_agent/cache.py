@@ -6,8 +6,10 @@ name is ever taken from the wire. The meta is written first and the bytes last, 
 presence is the commit point. Other entries of the directory (a backend's `backends/` folder) are
 left alone.
 
-Bound: after each commit, least recently used artifacts are deleted until the bytes of all of them
-fit in `max_total_bytes`. An artifact in use (between `acquire` and `release`, i.e. while a job
+Bound: after each commit, least recently used artifacts are deleted until the bytes of all of them,
+their meta files counted, fit in `max_total_bytes`; a meta larger than MAX_META_BYTES is refused
+before anything is written (eight 10-byte artifacts with 2.4 MB metas once filled 27 MB under a
+1 MiB bound). An artifact in use (between `acquire` and `release`, i.e. while a job
 runs it) is never evicted; if only such artifacts are left, the cache stays over its bound until
 they are released. `has` and `acquire` refresh recency, which is also written to the bytes file's
 mtime, so a restarted agent re-reads the directory in the same order. On start, partial uploads in
@@ -39,6 +41,9 @@ from device_agent.errors import (
 _LOG = logging.getLogger(__name__)
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _META_SUFFIX = ".json"
+# The largest meta file an artifact may have: its entries and their argument specs. A model build
+# (about 60 entries) needs some tens of KB; a meta of megabytes is an attack on the bound.
+MAX_META_BYTES = 256 * 1024
 
 
 def validate_sha256(sha256: str) -> str:
@@ -134,6 +139,11 @@ class ArtifactCache:
                 f"artifact of {meta.size_bytes} bytes exceeds the limit of "
                 f"{self.max_artifact_bytes} bytes"
             )
+        meta_bytes = len(_meta_text(meta))
+        if meta_bytes > MAX_META_BYTES:
+            raise ArtifactTooLargeError(
+                f"artifact meta of {meta_bytes} bytes exceeds the limit of {MAX_META_BYTES} bytes"
+            )
         return PendingArtifact(self, meta)
 
     def _lookup(self, sha256: str) -> CachedArtifact | None:
@@ -158,11 +168,12 @@ class ArtifactCache:
         with contextlib.suppress(OSError):
             os.utime(self._bytes_path(sha256))
 
-    def _added(self, meta: ArtifactMeta) -> None:
+    def _added(self, meta: ArtifactMeta, meta_bytes: int) -> None:
         with self._lock:
             old = self._sizes.pop(meta.sha256, None)
-            self._total_bytes += meta.size_bytes - (old or 0)
-            self._sizes[meta.sha256] = meta.size_bytes
+            size = meta.size_bytes + meta_bytes
+            self._total_bytes += size - (old or 0)
+            self._sizes[meta.sha256] = size
             self._metas[meta.sha256] = meta
             self._evict()
 
@@ -204,9 +215,10 @@ class ArtifactCache:
                 continue
             try:
                 stat = os.stat(self._bytes_path(sha))
+                meta_bytes = os.stat(self._meta_path(sha)).st_size
             except OSError:
                 continue
-            found.append((stat.st_mtime, sha, stat.st_size))
+            found.append((stat.st_mtime, sha, stat.st_size + meta_bytes))
         for _, sha, size in sorted(found):
             self._sizes[sha] = size
             self._total_bytes += size
@@ -275,12 +287,11 @@ class PendingArtifact:
             )
         meta = dataclasses.replace(self._meta, size_bytes=self._size)
         sha = meta.sha256
-        _write_atomic(
-            self._cache._meta_path(sha), json.dumps(meta_to_dict(meta)).encode(), self._cache
-        )
+        text = _meta_text(meta)
+        _write_atomic(self._cache._meta_path(sha), text, self._cache)
         os.replace(self._tmp_path, self._cache._bytes_path(sha))
         _LOG.info("stored artifact %s (%d bytes)", sha, self._size)
-        self._cache._added(meta)
+        self._cache._added(meta, len(text))
         return CachedArtifact(self._cache._bytes_path(sha), meta)
 
     def abort(self) -> None:
@@ -288,6 +299,16 @@ class PendingArtifact:
         if not self._file.closed:
             self._file.close()
         _remove_quietly(self._tmp_path)
+
+
+def _meta_text(meta: ArtifactMeta) -> bytes:
+    """The meta file's bytes."""
+    return json.dumps(meta_to_dict(meta)).encode()
+
+
+def footprint(meta: ArtifactMeta) -> int:
+    """What a stored artifact counts against the bound: its bytes and its meta file's."""
+    return meta.size_bytes + len(_meta_text(meta))
 
 
 def _write_atomic(path: str, data: bytes, cache: ArtifactCache) -> None:

@@ -23,6 +23,7 @@ import pytest
 from device_agent import serde
 from device_agent.__main__ import parse_pin_cores
 from device_agent.agent import Agent
+from device_agent.cache import footprint
 from device_agent.config import AgentConfig
 from device_agent.domain import ArtifactMeta
 from device_agent.server import AgentServer, create_server
@@ -169,8 +170,9 @@ def test_an_artifact_in_use_survives_eviction(
     tmp_path: Path, kernels: tuple[bytes, ArtifactMeta]
 ) -> None:
     data, meta = kernels
-    # Room for two artifacts, not three.
-    e = start(tmp_path, kernels, devices=1, cache_max_bytes=2 * len(data) + 100)
+    # Room for two artifacts, not three (their meta files count too).
+    bound = 2 * footprint(meta) + 100
+    e = start(tmp_path, kernels, devices=1, cache_max_bytes=bound)
     with e.server:
         pid = e.agent.executor_pids()[e.device()]
         assert pid is not None
@@ -202,9 +204,9 @@ def test_an_artifact_in_use_survives_eviction(
         finally:
             hung.cancel()
     # A restarted agent re-reads the bounded cache.
-    again = start(tmp_path, kernels, devices=1, cache_max_bytes=2 * len(data) + 100)
+    again = start(tmp_path, kernels, devices=1, cache_max_bytes=bound)
     with again.server:
-        assert again.agent.cache.total_bytes <= 2 * len(data) + 100
+        assert again.agent.cache.total_bytes <= bound
         assert again.stub.Has(agent_pb2.HasRequest(sha256=others[1]), timeout=RPC_S).present
         assert again.measure("add_one").status == common_pb2.OK
 

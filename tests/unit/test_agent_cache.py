@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
-from device_agent.cache import ArtifactCache, validate_sha256
+from device_agent.cache import MAX_META_BYTES, ArtifactCache, footprint, validate_sha256
 from device_agent.domain import ArgRole, ArtifactMeta, EntryPoint, TensorSpec
 from device_agent.errors import (
     ArtifactTooLargeError,
@@ -121,7 +122,12 @@ def _artifact(i: int, size: int = 100) -> tuple[ArtifactMeta, bytes]:
     return _meta(data), data
 
 
-def _bounded(path: Path, max_total_bytes: int = 250) -> ArtifactCache:
+# What one 100-byte test artifact counts against a bound, its meta file included; every test
+# artifact has the same.
+UNIT = footprint(dataclasses.replace(_artifact(0)[0], size_bytes=100))
+
+
+def _bounded(path: Path, max_total_bytes: int = 2 * UNIT + 50) -> ArtifactCache:
     return ArtifactCache(str(path), max_artifact_bytes=1 << 20, max_total_bytes=max_total_bytes)
 
 
@@ -136,7 +142,7 @@ def test_least_recently_used_goes_first_and_has_refreshes(tmp_path: Path) -> Non
     assert not cache.has(m2.sha256)
     assert not os.path.exists(os.path.join(str(tmp_path), m2.sha256))
     assert not os.path.exists(os.path.join(str(tmp_path), m2.sha256 + ".json"))
-    assert cache.total_bytes == 200
+    assert cache.total_bytes == 2 * UNIT
 
 
 def test_an_artifact_in_use_is_never_evicted(tmp_path: Path) -> None:
@@ -151,7 +157,7 @@ def test_an_artifact_in_use_is_never_evicted(tmp_path: Path) -> None:
     with open(held.path, "rb") as f:
         assert f.read() == d1
     # Only artifacts in use left over the bound: it stays over until they are released.
-    tight = _bounded(tmp_path / "tight", max_total_bytes=150)
+    tight = _bounded(tmp_path / "tight", max_total_bytes=UNIT + 50)
     _store(tight, m1, d1)
     assert tight.acquire(m1.sha256) is not None
     _store(tight, m2, d2)
@@ -159,7 +165,7 @@ def test_an_artifact_in_use_is_never_evicted(tmp_path: Path) -> None:
 
 
 def test_release_evicts_what_was_kept_over_the_bound(tmp_path: Path) -> None:
-    cache = _bounded(tmp_path, max_total_bytes=150)
+    cache = _bounded(tmp_path, max_total_bytes=UNIT + 50)
     (m1, d1), (m2, d2) = (_artifact(i) for i in range(2))
     _store(cache, m1, d1)
     assert cache.acquire(m1.sha256) is not None
@@ -171,7 +177,7 @@ def test_release_evicts_what_was_kept_over_the_bound(tmp_path: Path) -> None:
     _store(cache, m2, d2)
     assert cache.has(m1.sha256) and not cache.has(m2.sha256)
     cache.release(m1.sha256)
-    assert cache.total_bytes <= 150
+    assert cache.total_bytes <= UNIT + 50
 
 
 def test_an_artifact_over_the_whole_bound_is_refused(tmp_path: Path) -> None:
@@ -184,7 +190,7 @@ def test_an_artifact_over_the_whole_bound_is_refused(tmp_path: Path) -> None:
 def test_restart_rereads_the_directory_in_recency_order_and_cleans_partials(
     tmp_path: Path,
 ) -> None:
-    cache = _bounded(tmp_path, max_total_bytes=1000)
+    cache = _bounded(tmp_path, max_total_bytes=10 * UNIT)
     arts = [_artifact(i) for i in range(3)]
     for meta, data in arts:
         _store(cache, meta, data)
@@ -196,8 +202,8 @@ def test_restart_rereads_the_directory_in_recency_order_and_cleans_partials(
     (tmp_path / ("ff" * 32)).write_bytes(b"bytes without meta")
     (tmp_path / "tmp" / "upload-x").write_bytes(b"partial")
     (tmp_path / "backends").mkdir()  # not the cache's: left alone
-    restarted = _bounded(tmp_path, max_total_bytes=250)
-    assert restarted.total_bytes == 200
+    restarted = _bounded(tmp_path, max_total_bytes=2 * UNIT + 50)
+    assert restarted.total_bytes == 2 * UNIT
     assert restarted.has(arts[0][0].sha256) and restarted.has(arts[2][0].sha256)
     assert not restarted.has(arts[1][0].sha256)  # the least recent went at start
     got = restarted.get(arts[0][0].sha256)
@@ -214,3 +220,26 @@ def test_truncated_upload_stores_nothing(tmp_path: Path) -> None:
         _store(cache, meta, DATA[:-5])
     assert not cache.has(meta.sha256)
     assert os.listdir(os.path.join(str(tmp_path), "tmp")) == []
+
+
+def _fat_meta(data: bytes, entries: int) -> ArtifactMeta:
+    """A meta of `entries` entries (over 100 bytes of JSON each) for `data`, as stored."""
+    one = _meta(data).entries[0]
+    fat = tuple(dataclasses.replace(one, symbol=f"k{i}") for i in range(entries))
+    return dataclasses.replace(_meta(data), entries=fat, size_bytes=len(data))
+
+
+def test_meta_files_count_against_the_bound_and_a_huge_one_is_refused(tmp_path: Path) -> None:
+    """Eight 10-byte artifacts with 2.4 MB metas once filled 27 MB under a 1 MiB bound."""
+    cache = ArtifactCache(str(tmp_path), max_artifact_bytes=1 << 20, max_total_bytes=150_000)
+    metas = [_fat_meta(bytes([i]) * 10, 400) for i in range(4)]
+    assert all(50_000 < footprint(m) < 75_000 for m in metas)  # two fit, three do not
+    for i, meta in enumerate(metas):
+        _store(cache, meta, bytes([i]) * 10)
+    assert cache.total_bytes <= 150_000
+    on_disk = sum(p.stat().st_size for p in tmp_path.iterdir() if p.is_file())
+    assert on_disk == cache.total_bytes <= 150_000
+    assert sum(cache.has(m.sha256) for m in metas) == 2  # the two most recent
+    huge = _fat_meta(b"x", MAX_META_BYTES // 50)
+    with pytest.raises(ArtifactTooLargeError, match=r"artifact meta of .* exceeds the limit"):
+        cache.begin(huge)
