@@ -51,7 +51,7 @@ from benchmarks.kernel_search import (  # noqa: E402
 )
 from compiler.ops import op_templates  # noqa: E402
 from compiler.toolchain import host_target_name  # noqa: E402
-from tuner.network.timing import loop_seconds  # noqa: E402
+from tuner.network.timing import interleaved_rounds  # noqa: E402
 
 BEST_FILE = Path(__file__).resolve().parent / "kernels_best.json"
 
@@ -241,16 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             # Both sides the same way: a Python loop of calls (ours through ctypes, the peer's
             # own Python API), at least --min-repeat-ms a round, the order swapped every round.
-            ours_s, peer_s = [], []
-            round_s = args.min_repeat_ms / 1e3
-            for r in range(args.rounds):
-                if r % 2 == 0:
-                    ours_s.append(loop_seconds(kernel.call, round_s))
-                    peer_s.append(loop_seconds(peer, round_s))
-                else:
-                    peer_s.append(loop_seconds(peer, round_s))
-                    ours_s.append(loop_seconds(kernel.call, round_s))
-            ours, theirs = statistics.median(ours_s), statistics.median(peer_s)
+            times = interleaved_rounds(
+                [("ours", kernel.call), ("peer", peer)], args.rounds, args.min_repeat_ms / 1e3
+            )
+            ours, theirs = statistics.median(times["ours"]), statistics.median(times["peer"])
             knobs = " ".join(f"{k}={v}" for k, v in config.items())
             rows.append(
                 (

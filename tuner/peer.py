@@ -175,7 +175,7 @@ def _interleaved_child() -> int:
     from compiler import ops
     from compiler.ops.base import OpTemplate
     from compiler.ops.space import Config
-    from tuner.network.timing import loop_seconds, output_mismatch
+    from tuner.network.timing import interleaved_rounds, output_mismatch
 
     def refuse(why: str) -> int:
         print(json.dumps({"refused": why}))
@@ -237,11 +237,7 @@ def _interleaved_child() -> int:
         return refuse(why)
     c = np.empty_like(expected)
     calls = [("ours", lambda: run(pointers)), ("numpy", lambda: np.matmul(a, b, out=c))]
-    times: dict[str, list[float]] = {"ours": [], "numpy": []}
-    min_round_s = float(spec["min_round_s"])
-    for round_ in range(int(spec["rounds"])):
-        for label, call in calls if round_ % 2 == 0 else calls[::-1]:
-            times[label].append(loop_seconds(call, min_round_s))
+    times = interleaved_rounds(calls, int(spec["rounds"]), float(spec["min_round_s"]))
     why = check("after timing")
     if why is not None:
         return refuse(why)

@@ -20,7 +20,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -162,6 +162,19 @@ def loop_seconds(call: Callable[[], object], min_round_s: float) -> float:
         number = max(number + 1, int(number * 1.2 * min_round_s / max(elapsed, 1e-6)))
 
 
+def interleaved_rounds(
+    calls: Sequence[tuple[str, Callable[[], object]]], rounds: int, min_round_s: float
+) -> dict[str, list[float]]:
+    """Seconds per call of each labelled call, one `loop_seconds` per round: `rounds` rounds
+    timing every call, the order reversed every other round so none always follows the same
+    neighbour (what every peer comparison here does)."""
+    times: dict[str, list[float]] = {label: [] for label, _ in calls}
+    for round_ in range(rounds):
+        for label, call in calls if round_ % 2 == 0 else calls[::-1]:
+            times[label].append(loop_seconds(call, min_round_s))
+    return times
+
+
 class OutputMismatch(Exception):
     """A build's outputs differ from onnxruntime's: `label` names the build, the message why."""
 
@@ -236,13 +249,10 @@ def versus_onnxruntime(
             why = output_mismatch(native.run(), reference, rtol)
             if why is not None:
                 raise OutputMismatch(label, why)
-        calls: list[tuple[str, Callable[[], None]]] = [
+        calls: list[tuple[str, Callable[[], object]]] = [
             *((label, native.call) for label, native in natives.items()),
             ("onnxruntime", peer.call),
         ]
-        times: dict[str, list[float]] = {label: [] for label, _ in calls}
-        for round_ in range(rounds):
-            for label, call in calls if round_ % 2 == 0 else calls[::-1]:
-                times[label].append(loop_seconds(call, min_round_s))
+        times = interleaved_rounds(calls, rounds, min_round_s)
     ort = times.pop("onnxruntime")
     return VersusOrt(times, ort, pinned, reference, natives)
