@@ -219,10 +219,13 @@ def check_cost(
     rng = np.random.default_rng(1)
     valid = valid_fn(task)
     indices: list[int] = []
-    while len(indices) < n:
+    for _ in range(100 * n):  # bounded: a space with fewer valid configs gives fewer
+        if len(indices) == n:
+            break
         i = int(rng.integers(len(task.space)))
         if valid(i) and i not in indices:
             indices.append(i)
+    n = len(indices)
     builders = {
         checked: LocalBuilder(
             target=target,
