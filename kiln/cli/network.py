@@ -266,14 +266,15 @@ def _reference(path: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 def in_process_seconds(model: ModelArtifact, feeds: dict[str, np.ndarray], rounds: int) -> float:
     """Median seconds per call of `model` run in this process on one core (`one_core`), over
-    `rounds` rounds of `loop_seconds` (0.2 s each), as `kiln demo` times its builds."""
+    `rounds` rounds of 0.2 s (`interleaved_rounds`), as `kiln demo` times its builds."""
     import statistics
 
-    from tuner.network.timing import NativeModel, loop_seconds, one_core
+    from tuner.network.timing import NativeModel, interleaved_rounds, one_core
 
     with one_core():
         native = NativeModel(model, feeds)
-        return statistics.median(loop_seconds(native.call, 0.2) for _ in range(max(rounds, 1)))
+        times = interleaved_rounds([("model", native.call)], max(rounds, 1), 0.2)
+    return statistics.median(times["model"])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
