@@ -70,12 +70,15 @@ def test_register_acquire_release_round_trip(stub: Any) -> None:
     assert lease.expires_at_unix > time.time()
     [status] = stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5).devices
     assert (status.state, status.lease_holder) == (tracker_pb2.LEASED, "alice")
+    # The token carries the expiry in milliseconds: let the clock pass one, so
+    # the renewal's expiry (and so its token) must differ.
+    time.sleep(0.005)
     renew = stub.Renew(tracker_pb2.RenewRequest(lease_id=lease.lease_id), timeout=5)
     assert renew.status == common_pb2.OK
     # A fresh token for the new expiry, same fence (k1.<fence>.<expires_ms>.<mac>).
     assert renew.lease.token != lease.token
     assert renew.lease.token.split(".")[1] == lease.token.split(".")[1]
-    assert renew.lease.expires_at_unix >= lease.expires_at_unix
+    assert renew.lease.expires_at_unix > lease.expires_at_unix
     release = tracker_pb2.ReleaseRequest(lease_id=lease.lease_id)
     assert stub.Release(release, timeout=5).released is True
     again = stub.Release(release, timeout=5)
