@@ -5,7 +5,7 @@
                [--tracker-tls-ca CA [--tracker-tls-cert C --tracker-tls-key K]]
                [--listen 127.0.0.1:0] [--advertise-host 127.0.0.1] [--cache-dir D]
                [--cache-max-bytes N] [--pin-cores 0,1|auto] [--quarantine-after 3]
-               [--ready-file PATH] [--agent-id ID] [--log-level info]
+               [--max-job-s 600] [--ready-file PATH] [--agent-id ID] [--log-level info]
 
 Without --tracker the agent serves standalone. Without --token-file it runs open (dev mode: any
 caller may upload and run code) and so refuses a non-loopback --listen unless --insecure is given.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -98,6 +99,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=defaults.quarantine_after,
         help="refuse an entry after this many CRASH/TIMEOUT results (0 = never); reset by restart",
     )
+    p.add_argument(
+        "--max-job-s",
+        type=float,
+        default=defaults.max_job_s,
+        help="no job runs longer than this, whatever its timeout; its lease may end it sooner",
+    )
     p.add_argument("--pin-cores", default="", help="'auto' or cores for devices 0,1,... e.g. 0,1")
     p.add_argument("--token-file", help="pool secrets (agent, client, lease_key); see protos.auth")
     p.add_argument(
@@ -120,6 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--devices must be at least 1")
     if args.cache_max_bytes < 1:
         p.error("--cache-max-bytes must be positive")
+    if not (math.isfinite(args.max_job_s) and args.max_job_s > 0):
+        p.error("--max-job-s must be a positive number of seconds")
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -167,6 +176,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         cache_max_bytes=args.cache_max_bytes,
         executor_address_space_bytes=args.executor_address_space_bytes,
         quarantine_after=args.quarantine_after,
+        max_job_s=args.max_job_s,
         pin_cores=args.pin_cores,
         secrets=load_secrets(args.token_file) if args.token_file else None,
         lease_leeway_s=args.lease_leeway_s,

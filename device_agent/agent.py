@@ -1,4 +1,12 @@
-"""The agent's core: devices, artifact cache and executors behind plain methods the servicer calls."""
+"""The agent's core: devices, artifact cache and executors behind plain methods the servicer calls.
+
+A Measure or Run comes in two steps: `admit_*` checks the request and its lease (quick, no I/O)
+and returns an `Admission`; the caller then waits until it has the device to itself, for at most
+`Admission.wait_s`, and calls `measure`/`run` with it (or with `Admission.stayed_busy()`).
+
+A job never outlives its lease: it is killed at the earliest of its requested timeout (or
+`default_timeout_s`), `max_job_s`, and its lease's end, with a TIMEOUT error naming which.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +21,10 @@ import re
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,15 +47,50 @@ from device_agent.domain import (
     TensorSpec,
 )
 from device_agent.errors import InvalidRequestError, UnknownDeviceError
-from device_agent.executor import Executor
-from device_agent.jobs import MEASURE, RUN, Job, JobResult, ReferenceCheck
+from device_agent.executor import Executor, TimeLimit
+from device_agent.jobs import MEASURE, RUN, Job, JobResult, ReferenceCheck, StopSignal
 from device_agent.leases import AcceptAllLeases, FencingLeases, LeaseVerifier
 from device_agent.quarantine import Quarantine
 from device_agent.telemetry import TelemetryReader
 from protos.ids import identifier_problem
+from protos.ratelimit import RateLimitedLog
 
 _LOG = logging.getLogger(__name__)
+# Refused requests cost a few log lines per device and window, however many arrive.
+_REFUSED = RateLimitedLog(_LOG)
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+# A wait for the device that ends this close to the lease's end was cut short by the lease.
+_TIMER_SLACK_S = 0.05
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A Measure or Run that passed its checks, waiting for its device.
+
+    It may wait `wait_s` for the device: `device_wait_s`, cut to what is left of its lease.
+    `lease_deadline` is the `time.monotonic()` at which its lease ends (None: never, dev mode).
+    With `refused` set, the request is answered with that result and never runs.
+    """
+
+    device_id: str
+    lease_id: str
+    wait_s: float
+    lease_deadline: float | None = None
+    refused: JobResult | None = None
+    fence: int | None = None
+
+    def stayed_busy(self) -> Admission:
+        """This request refused after its device stayed busy for all of `wait_s`."""
+        if self.lease_deadline is not None and (
+            self.lease_deadline - time.monotonic() <= _TIMER_SLACK_S
+        ):
+            error = (
+                f"lease {self.lease_id!r} on {self.device_id} ended while the request waited "
+                "for the busy device"
+            )
+            return replace(self, refused=JobResult(Status.UNAUTHORIZED, error=error))
+        error = f"device {self.device_id} stayed busy"
+        return replace(self, refused=JobResult(Status.RUNTIME_ERROR, error=error))
 
 
 class _Unresolved(Exception):
@@ -97,6 +142,9 @@ class Agent:
         )
         self._leases: LeaseVerifier = lease_verifier or _default_leases(config)
         self._quarantine = Quarantine(config.quarantine_after)
+        # The job running on each device, with the signal that stops it (end_leases_below).
+        self._jobs: dict[str, tuple[Admission, StopSignal]] = {}
+        self._jobs_lock = threading.Lock()
         self._telemetry = TelemetryReader()
         # The backend's tags override the host's (qemu's guest arch), the user's override both.
         host = {"arch": platform.machine(), "backend": self.backend.name}
@@ -119,7 +167,6 @@ class Agent:
                     d.device_id,
                     self.backend,
                     config.executor_address_space_bytes,
-                    config.device_wait_s,
                     pin_core=pins[i % len(pins)] if pins else None,
                     state_dir=state_dir,
                 )
@@ -141,27 +188,43 @@ class Agent:
         """Whether the artifact is cached."""
         return self.cache.has(sha256)
 
-    def measure(
-        self, request: MeasureRequest, cancelled: threading.Event | None = None
-    ) -> MeasureResult:
-        """Time an entry on a device.
+    def admit_measure(self, request: MeasureRequest) -> Admission:
+        """Check a Measure before it waits for its device: well formed, then its lease.
 
         Raises:
             UnknownDeviceError: the device is not this agent's.
-            InvalidRequestError: a malformed artifact hash.
+            InvalidRequestError: a malformed hash, symbol or timing config.
+        """
+        self._executor(request.device_id)
+        validate_sha256(request.artifact_sha256)
+        validate_symbol(request.symbol)
+        validate_timing(request.config)
+        if request.check is not None and request.check.reference_sha256:
+            validate_sha256(request.check.reference_sha256)
+            if request.check.reference_symbol:
+                validate_symbol(request.check.reference_symbol)
+        return self._admit(request.device_id, request.lease_id, request.lease_token)
+
+    def measure(
+        self,
+        request: MeasureRequest,
+        admission: Admission,
+        cancelled: StopSignal | None = None,
+    ) -> MeasureResult:
+        """Time an entry; the caller has `admission`'s device to itself until this returns.
+
+        Raises:
+            InvalidRequestError: a malformed request (see `admit_measure`).
         """
         executor = self._executor(request.device_id)
         sha = validate_sha256(request.artifact_sha256)
-        validate_symbol(request.symbol)
-        validate_timing(request.config)
         ref_sha = None
         if request.check is not None and request.check.reference_sha256:
             ref_sha = validate_sha256(request.check.reference_sha256)
-            if request.check.reference_symbol:
-                validate_symbol(request.check.reference_symbol)
-        result = self._authorize(request.device_id, request.lease_id, request.lease_token)
+        result = admission.refused or _lease_ended(admission)
         missing: tuple[str, ...] = ()
         if result is None:
+            limit = self._time_limit(request.config.timeout_s, admission)
             try:
                 with ExitStack() as held:
                     path, entry = held.enter_context(self._resolved(sha, request.symbol))
@@ -178,8 +241,8 @@ class Agent:
                             ref_path, ref_entry, request.check.rtol, request.check.atol
                         )
                     job = Job(MEASURE, path, entry, request.seed, request.config, check)
-                    timeout_s = self._timeout_s(request.config.timeout_s)
-                    result = executor.submit(job, timeout_s, cancelled)
+                    with self._running(admission, cancelled) as signal:
+                        result = executor.submit(job, limit, signal)
                     self._quarantine.record(sha, entry.symbol, result.status, result.error)
             except _Unresolved as e:
                 result = JobResult(e.status, error=str(e))
@@ -196,24 +259,38 @@ class Agent:
             missing_sha256=missing,
         )
 
-    def run(self, request: RunRequest, cancelled: threading.Event | None = None) -> RunResult:
-        """Run an entry once and return its outputs.
+    def admit_run(self, request: RunRequest) -> Admission:
+        """Check a Run before it waits for its device: well formed, then its lease.
 
         Raises:
             UnknownDeviceError: the device is not this agent's.
+            InvalidRequestError: a malformed hash or symbol.
+        """
+        self._executor(request.device_id)
+        validate_sha256(request.artifact_sha256)
+        validate_symbol(request.symbol)
+        return self._admit(request.device_id, request.lease_id, request.lease_token)
+
+    def run(
+        self, request: RunRequest, admission: Admission, cancelled: StopSignal | None = None
+    ) -> RunResult:
+        """Run an entry once; the caller has `admission`'s device to itself until this returns.
+
+        Raises:
             InvalidRequestError: a malformed hash, or inputs that do not match the entry.
         """
         executor = self._executor(request.device_id)
         sha = validate_sha256(request.artifact_sha256)
-        validate_symbol(request.symbol)
-        result = self._authorize(request.device_id, request.lease_id, request.lease_token)
+        result = admission.refused or _lease_ended(admission)
         if result is None:
+            limit = self._time_limit(request.timeout_s, admission)
             try:
                 with self._resolved(sha, request.symbol) as (path, entry):
                     if request.inputs is not None:
                         _check_inputs(entry, request.inputs)
                     job = Job(RUN, path, entry, request.seed, inputs=request.inputs)
-                    result = executor.submit(job, self._timeout_s(request.timeout_s), cancelled)
+                    with self._running(admission, cancelled) as signal:
+                        result = executor.submit(job, limit, signal)
                     self._quarantine.record(sha, entry.symbol, result.status, result.error)
             except _Unresolved as e:
                 result = JobResult(e.status, error=str(e))
@@ -235,18 +312,78 @@ class Agent:
         ) as pool:
             list(pool.map(Executor.close, self._executors.values()))
 
+    def end_leases_below(self, floors: Mapping[str, int]) -> None:
+        """Apply the tracker's fence floors (device id -> lowest valid fence; see Registrar).
+
+        Leases below a floor were ended by the tracker (this agent went silent, say): they are
+        refused from now on, and a job of one still running is killed and answered UNAUTHORIZED.
+        """
+        own = {d: floor for d, floor in floors.items() if d in self._executors}
+        self._leases.raise_floors(own)
+        with self._jobs_lock:
+            for device_id, (admission, signal) in self._jobs.items():
+                floor = own.get(device_id)
+                if floor is not None and admission.fence is not None and admission.fence < floor:
+                    _LOG.warning(
+                        "the tracker ended lease %r on %s; stopping its job",
+                        admission.lease_id,
+                        device_id,
+                    )
+                    signal.stop(
+                        f"lease {admission.lease_id!r} on {device_id} was ended by the tracker "
+                        f"(fence {admission.fence} < floor {floor})"
+                    )
+
+    @contextmanager
+    def _running(self, admission: Admission, cancelled: StopSignal | None) -> Iterator[StopSignal]:
+        """Note the job on `admission`'s device while it runs, so `end_leases_below` can stop it."""
+        signal = cancelled or StopSignal()
+        with self._jobs_lock:
+            self._jobs[admission.device_id] = (admission, signal)
+        try:
+            yield signal
+        finally:
+            with self._jobs_lock:
+                self._jobs.pop(admission.device_id, None)
+
     def _executor(self, device_id: str) -> Executor:
         try:
             return self._executors[device_id]
         except KeyError:
             raise UnknownDeviceError(f"no device {device_id!r} on agent {self.agent_id}") from None
 
-    def _authorize(self, device_id: str, lease_id: str, lease_token: str) -> JobResult | None:
-        reason = self._leases.check(device_id, lease_id, lease_token)
-        if reason is None:
-            return None
-        _LOG.warning("refused a request on %s: %s", device_id, reason)
-        return JobResult(Status.UNAUTHORIZED, error=reason)
+    def _admit(self, device_id: str, lease_id: str, lease_token: str) -> Admission:
+        check = self._leases.check(device_id, lease_id, lease_token)
+        wait_s = self.config.device_wait_s
+        if check.refusal is not None:
+            _REFUSED.log(
+                device_id, logging.WARNING, "refused a request on %s: %s", device_id, check.refusal
+            )
+            refused = JobResult(Status.UNAUTHORIZED, error=check.refusal)
+            return Admission(device_id, lease_id, 0.0, refused=refused)
+        if check.remaining_s is None:
+            return Admission(device_id, lease_id, wait_s)
+        deadline = time.monotonic() + check.remaining_s
+        return Admission(
+            device_id, lease_id, min(wait_s, check.remaining_s), deadline, fence=check.fence
+        )
+
+    def _time_limit(self, requested_s: float, admission: Admission) -> TimeLimit:
+        """The earliest of the job's timeout (or the default), `max_job_s` and its lease's end."""
+        timeout_s = requested_s if requested_s > 0 else self.config.default_timeout_s
+        limit = TimeLimit.requested(timeout_s)
+        cap_s = self.config.max_job_s
+        if cap_s < limit.seconds:
+            limit = TimeLimit(cap_s, f"ran past the agent's cap of {cap_s:g} s; executor killed")
+        if admission.lease_deadline is not None:
+            left_s = max(admission.lease_deadline - time.monotonic(), 0.0)
+            if left_s < limit.seconds:
+                error = (
+                    f"lease {admission.lease_id!r} on {admission.device_id} expired while the "
+                    "job ran; executor killed"
+                )
+                limit = TimeLimit(left_s, error)
+        return limit
 
     @contextmanager
     def _resolved(self, sha: str, symbol: str, what: str = "") -> Iterator[tuple[str, EntryPoint]]:
@@ -275,9 +412,6 @@ class Agent:
         finally:
             self.cache.release(sha)
 
-    def _timeout_s(self, requested_s: float) -> float:
-        return requested_s if requested_s > 0 else self.config.default_timeout_s
-
 
 def validate_symbol(symbol: str) -> str:
     """`symbol` when it is a C identifier (no '/', '.', or anything a path could be made of).
@@ -300,7 +434,8 @@ TIMING_LIMITS = {
     "min_repeat_ms": 60_000.0,
     "cooldown_ms": 60_000.0,
     "flush_cache_bytes": 1 << 30,
-    "timeout_s": 86_400.0,
+    # No bound of its own: max_job_s and the lease end every job sooner.
+    "timeout_s": math.inf,
 }
 
 
@@ -315,6 +450,14 @@ def validate_timing(config: EvaluatorConfig) -> EvaluatorConfig:
         if not math.isfinite(value) or not 0 <= value <= limit:
             raise InvalidRequestError(f"timing config {name} must be 0..{limit:g}, got {value!r}")
     return config
+
+
+def _lease_ended(admission: Admission) -> JobResult | None:
+    """UNAUTHORIZED when the lease ended before the job could start (it waited for the device)."""
+    if admission.lease_deadline is None or admission.lease_deadline > time.monotonic():
+        return None
+    error = f"lease {admission.lease_id!r} on {admission.device_id} ended before the job started"
+    return JobResult(Status.UNAUTHORIZED, error=error)
 
 
 def _default_leases(config: AgentConfig) -> LeaseVerifier:

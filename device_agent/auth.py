@@ -1,4 +1,4 @@
-"""Who may call the agent (enforced by protos.auth.AuthInterceptor).
+"""Who may call the agent (enforced by protos.auth.AsyncAuthInterceptor).
 
 With pool secrets, every call to `kiln.v1.Agent` (Upload, Has, Measure, Run, Info) needs the
 `client` or `admin` token; the `agent` token is refused (PERMISSION_DENIED), a missing or unknown
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from protos.auth import AuthInterceptor, MethodRoles, PoolSecrets, Role
+from protos.auth import AsyncAuthInterceptor, MethodRoles, PoolSecrets, Role
 
 AGENT_METHOD_ROLES: MethodRoles = {
     "/kiln.v1.Agent/" + name: frozenset({Role.CLIENT, Role.ADMIN})
@@ -18,6 +18,6 @@ AGENT_METHOD_ROLES: MethodRoles = {
 }
 
 
-def agent_interceptor(secrets: PoolSecrets) -> AuthInterceptor:
-    """The agent's auth interceptor over `secrets`."""
-    return AuthInterceptor(secrets, AGENT_METHOD_ROLES, log=logging.getLogger(__name__))
+def async_agent_interceptor(secrets: PoolSecrets) -> AsyncAuthInterceptor:
+    """The agent's auth interceptor over `secrets`, for its grpc.aio server."""
+    return AsyncAuthInterceptor(secrets, AGENT_METHOD_ROLES, log=logging.getLogger(__name__))

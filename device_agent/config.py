@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -23,6 +24,9 @@ class AgentConfig:
 
     `pin_cores` pins device i's executor child to core `pin_cores[i % len(pin_cores)]`; empty means
     no pinning.
+
+    Raises:
+        ValueError: `max_job_s` is not a positive number.
     """
 
     key: str = "local"
@@ -39,7 +43,9 @@ class AgentConfig:
     # Applied with RLIMIT_AS in each executor child, so a runaway allocation fails there.
     executor_address_space_bytes: int = 8 * 1024 * 1024 * 1024
     default_timeout_s: float = 60.0
-    # A request waits this long for its device's previous measurement to finish.
+    # No job runs longer than this, whatever timeout it asks for; its lease may end it sooner.
+    max_job_s: float = 600.0
+    # A request waits this long (at most until its lease ends) for its device's previous job.
     device_wait_s: float = 600.0
     rpc_timeout_s: float = 5.0
     reregister_backoff_initial_s: float = 0.1
@@ -53,3 +59,9 @@ class AgentConfig:
     lease_leeway_s: float = 2.0
     tls: TlsFiles = field(default_factory=TlsFiles)
     tracker_tls: TlsFiles = field(default_factory=TlsFiles)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_job_s) and self.max_job_s > 0):
+            raise ValueError(
+                f"max_job_s must be a positive number of seconds, got {self.max_job_s!r}"
+            )

@@ -6,6 +6,9 @@ ends anything a kernel forked, and asks the kernel (PR_SET_PDEATHSIG) for SIGKIL
 dies, so a hung kernel never outlives a SIGKILLed agent. Linux sends that signal when the *thread*
 that forked the child ends, so every child is forked by one long-lived spawner thread, never by an
 RPC worker thread that may come and go. With `pin_core`, the child is pinned to that core.
+
+An executor does not queue: its caller hands it one job at a time (the servicer waits for the
+device on its event loop, holding no thread), and a second job submitted meanwhile is refused.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from device_agent.backends.base import Backend
 from device_agent.domain import Status
 from device_agent.framing import FrameError, encode_frame, read_frame
-from device_agent.jobs import Job, JobResult, job_to_frame, result_from_frame
+from device_agent.jobs import Job, JobResult, StopSignal, job_to_frame, result_from_frame
 
 _LOG = logging.getLogger(__name__)
 # How often a wait on the child looks at the client's cancel flag.
@@ -35,6 +39,19 @@ _REAP_S = 5.0
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One thread forks every executor child and lives as long as the agent (see the module docstring).
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-executor-spawner")
+
+
+@dataclass(frozen=True)
+class TimeLimit:
+    """How long a job may run, and the error of its TIMEOUT result when it runs past that."""
+
+    seconds: float
+    error: str
+
+    @classmethod
+    def requested(cls, seconds: float) -> TimeLimit:
+        """The limit a request asked for."""
+        return cls(seconds, f"ran past {seconds:g} s; executor killed")
 
 
 class _DeadlineExceeded(Exception):
@@ -53,14 +70,12 @@ class Executor:
         device_id: str,
         backend: Backend,
         address_space_bytes: int,
-        device_wait_s: float,
         pin_core: int | None = None,
         state_dir: str = "",
     ) -> None:
         self.device_id = device_id
         self._backend = backend
         self._address_space_bytes = address_space_bytes
-        self._device_wait_s = device_wait_s
         self._pin_core = pin_core
         self._state_dir = state_dir
         self._busy = threading.Lock()  # one job at a time on the device
@@ -73,17 +88,24 @@ class Executor:
                 self._spawn()
 
     def submit(
-        self, job: Job, timeout_s: float, cancelled: threading.Event | None = None
+        self, job: Job, limit: TimeLimit, cancelled: threading.Event | None = None
     ) -> JobResult:
-        """Run `job` within `timeout_s` seconds; every failure is a result."""
-        if not self._busy.acquire(timeout=self._device_wait_s):
-            return JobResult(Status.RUNTIME_ERROR, error=f"device {self.device_id} stayed busy")
+        """Run `job` within `limit` (a sandboxed backend's child is killed past it).
+
+        Every failure is a result; so is a job submitted while another runs (RUNTIME_ERROR).
+        """
+        if not self._busy.acquire(blocking=False):
+            error = f"device {self.device_id} is running another job"
+            return JobResult(Status.RUNTIME_ERROR, error=error)
         try:
             if self._closed:
                 return JobResult(Status.DEVICE_LOST, error="the agent is stopping")
+            if cancelled is not None and cancelled.is_set():
+                # Stopped before it started: the child is idle, so nothing is killed.
+                return _stopped(cancelled, started=False)
             if not self._backend.sandboxed:
                 return self._backend.execute(job)
-            return self._submit_to_child(job, time.monotonic() + timeout_s, timeout_s, cancelled)
+            return self._submit_to_child(job, time.monotonic() + limit.seconds, limit, cancelled)
         finally:
             self._busy.release()
 
@@ -106,7 +128,7 @@ class Executor:
             thread.join(timeout=_REAP_S)
 
     def _submit_to_child(
-        self, job: Job, deadline: float, timeout_s: float, cancelled: threading.Event | None
+        self, job: Job, deadline: float, limit: TimeLimit, cancelled: threading.Event | None
     ) -> JobResult:
         with self._state:
             if self._proc is None:
@@ -119,10 +141,11 @@ class Executor:
             return result_from_frame(read_frame(waiter.reader(proc.stdout.fileno())))
         except _DeadlineExceeded:
             self._replace_child(proc, kill=True)
-            return JobResult(Status.TIMEOUT, error=f"ran past {timeout_s:g} s; executor killed")
+            return JobResult(Status.TIMEOUT, error=limit.error)
         except _Cancelled:
             self._replace_child(proc, kill=True)
-            return JobResult(Status.RUNTIME_ERROR, error="cancelled by the client; executor killed")
+            assert cancelled is not None
+            return _stopped(cancelled, started=True)
         except (EOFError, OSError):
             returncode = self._replace_child(proc, kill=False)
             return _death_result(returncode)
@@ -276,3 +299,12 @@ def _forward_log(proc: subprocess.Popen[bytes], device_id: str) -> None:
     with proc.stderr:
         for line in proc.stderr:
             _LOG.info("[%s] %s", device_id, line.decode(errors="replace").rstrip())
+
+
+def _stopped(signal: threading.Event, started: bool) -> JobResult:
+    """The result of a job stopped by `signal`: by the agent (its reason), else by its client."""
+    if isinstance(signal, StopSignal) and signal.reason:
+        how = "; executor killed" if started else " (stopped before it started)"
+        return JobResult(Status.UNAUTHORIZED, error=signal.reason + how)
+    how = "; executor killed" if started else " before it started"
+    return JobResult(Status.RUNTIME_ERROR, error="cancelled by the client" + how)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,17 @@ MEASURE = "measure"
 RUN = "run"
 # A tuning run measures the same few entries over and over: encode each once (read-only use).
 _entry_dict = functools.lru_cache(maxsize=512)(entry_to_dict)
+
+
+class StopSignal(threading.Event):
+    """Set to stop a job: by its client leaving (`set()`, no reason) or by the agent (`stop`)."""
+
+    reason = ""
+
+    def stop(self, reason: str) -> None:
+        """Stop the job because of `reason` (e.g. the tracker ended its lease)."""
+        self.reason = reason
+        self.set()
 
 
 @dataclass(frozen=True)

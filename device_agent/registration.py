@@ -34,6 +34,9 @@ class Registrar:
         backoff_initial_s: first wait after a failed registration; doubles up to `backoff_cap_s`.
         token: the pool's `agent` token, sent as bearer metadata on every call (None: no auth).
         tls: how to reach the tracker over TLS (None or empty: plaintext).
+        on_fence_floors: called after each registration with the tracker's fence floors
+            (device id -> lowest lease fence still valid), so leases the tracker ended while
+            this agent was away are refused at once.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class Registrar:
         backoff_cap_s: float,
         token: str | None = None,
         tls: TlsFiles | None = None,
+        on_fence_floors: Callable[[dict[str, int]], None] | None = None,
     ) -> None:
         self.tracker_address = tracker_address
         self._register_request = register_request
@@ -53,6 +57,7 @@ class Registrar:
         self._rpc_timeout_s = rpc_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_cap_s = backoff_cap_s
+        self._on_fence_floors = on_fence_floors
         self._stop = threading.Event()
         # gRPC's own reconnect backoff grows to 120 s by default; cap it at ours, so an agent whose
         # tracker was down a long while registers within backoff_cap_s of it coming back.
@@ -115,6 +120,8 @@ class Registrar:
             self._register_request(), timeout=self._rpc_timeout_s, metadata=self._metadata
         )
         interval_s = reply.heartbeat_interval_s or _DEFAULT_HEARTBEAT_S
+        if self._on_fence_floors is not None and reply.fence_floors:
+            self._on_fence_floors(dict(reply.fence_floors))
         _LOG.info(
             "registered with tracker %s; heartbeat every %.2f s", self.tracker_address, interval_s
         )

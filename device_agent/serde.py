@@ -6,6 +6,7 @@ The only module of the agent's core that imports generated message code.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def meta_from_pb(pb: common_pb2.ArtifactMeta) -> ArtifactMeta:
     """The domain meta (raises InvalidRequestError for an arg without a role)."""
     return ArtifactMeta(
         sha256=pb.sha256,
-        format=common_pb2.ArtifactFormat.Name(pb.format),
+        format=_enum_name(common_pb2.ArtifactFormat, pb.format, "format"),
         target=pb.target,
         entries=tuple(_entry_from_pb(e) for e in pb.entries),
         workspace_bytes=pb.workspace_bytes,
@@ -69,12 +70,20 @@ def meta_to_pb(meta: ArtifactMeta) -> common_pb2.ArtifactMeta:
     )
 
 
+def _enum_name(enum: Any, value: int, what: str) -> str:
+    """The name of `value` in a protobuf enum; a number no enum value has is the client's error."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        raise InvalidRequestError(f"unknown {what} {value}") from None
+
+
 def _entry_from_pb(pb: common_pb2.EntryPoint) -> EntryPoint:
     args = []
     for a in pb.args:
         if a.role == common_pb2.ARG_ROLE_UNSPECIFIED:
             raise InvalidRequestError(f"arg {a.name!r} of {pb.symbol} has no role")
-        role = ArgRole(common_pb2.ArgRole.Name(a.role))
+        role = ArgRole(_enum_name(common_pb2.ArgRole, a.role, f"role of arg {a.name!r:.40}"))
         args.append(TensorSpec(a.name, tuple(a.shape), a.dtype, role))
     return EntryPoint(pb.symbol, pb.timing_symbol, tuple(args), pb.flop)
 

@@ -1,72 +1,104 @@
 """Build and stop a serving agent: gRPC server, core, and tracker registration together.
 
-The server carries the Agent service, behind the bearer-token interceptor when the config has pool
-secrets, and the standard gRPC health service (SERVING while up, exempt from auth). With
-`config.tls` set it listens with TLS (mutual TLS when a client CA is given).
+The server is a grpc.aio server on an event loop of its own (`protos.aio_loop.LoopThread`), so a
+request waiting for its device is a suspended coroutine, not a parked thread (see `service`). It
+carries the Agent service, behind the bearer-token interceptor when the config has pool secrets
+and the strict decoding interceptor, and the standard gRPC health service (SERVING while up,
+exempt from auth). With `config.tls` set it listens with TLS (mutual TLS when a client CA is
+given). `create_server` and `AgentServer` are synchronous, for the CLI and the tests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from concurrent import futures
+import threading
 from types import TracebackType
 
 import grpc
+import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from device_agent import serde
 from device_agent.agent import Agent
-from device_agent.auth import agent_interceptor
+from device_agent.auth import async_agent_interceptor
 from device_agent.config import AgentConfig
 from device_agent.leases import LeaseVerifier
 from device_agent.registration import Registrar
 from device_agent.service import AgentServicer
 from protos import agent_pb2_grpc
+from protos.aio_loop import LoopThread
 from protos.auth import Role, server_credentials
-from protos.decoding import StrictDecoding
+from protos.decoding import AsyncStrictDecoding
 
 _LOG = logging.getLogger(__name__)
 # Run carries whole tensors both ways; gRPC's 4 MiB default would cap them. Uploads stream in
 # chunks and are bounded by max_artifact_bytes, not by this.
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    # gRPC sets SO_REUSEPORT by default: a second agent on a taken port would bind too and
+    # take half the connections (and the other's leases' calls). Fail the bind instead.
+    ("grpc.so_reuseport", 0),
+]
+# How long stop() waits beyond the grace period for the server, then for the loop's thread.
+_STOP_SLACK_S = 5.0
 
 
 class AgentServer:
-    """A serving agent; `stop()` ends registration, the RPC server and the executors, in that order."""
+    """A serving agent; `stop()` ends registration, the RPC server, the executors, the threads."""
 
     def __init__(
         self,
-        server: grpc.Server,
+        loop: LoopThread,
+        server: grpc.aio.Server,
         agent: Agent,
+        servicer: AgentServicer,
         registrar: Registrar | None,
-        health_servicer: health.HealthServicer | None = None,
+        health_servicer: health.aio.HealthServicer,
     ) -> None:
-        self.grpc_server = server
         self.agent = agent
         self.registrar = registrar
-        self.health = health_servicer
+        self._loop = loop
+        self._server: grpc.aio.Server | None = server
+        self._servicer = servicer
+        self._health = health_servicer
         self._stopped = False
+        self._terminated = threading.Event()
 
     def stop(self, grace_s: float | None = None) -> None:
-        """Stop everything; in-flight RPCs get `grace_s` (default config.stop_grace_s). Idempotent."""
+        """Stop everything; in-flight RPCs get `grace_s` (default config.stop_grace_s). Idempotent.
+
+        Afterwards no thread of the agent's is left: the loop's, the job pool's, the executors'
+        log readers and the registrar's have ended.
+        """
         if self._stopped:
             return
         self._stopped = True
         grace = self.agent.config.stop_grace_s if grace_s is None else grace_s
-        if self.health is not None:
-            self.health.enter_graceful_shutdown()
+        timeout_s = grace + _STOP_SLACK_S
+        self._loop.call(self._health.enter_graceful_shutdown(), timeout_s)
         if self.registrar is not None:
             self.registrar.stop()
-        # stop() only starts the grace period; closing the executors right away ends a measurement
-        # in flight (it answers DEVICE_LOST) instead of letting it hold the whole grace period.
-        done = self.grpc_server.stop(grace)
+        assert self._server is not None
+        # The server's stop waits out the grace period; closing the executors meanwhile ends a job
+        # in flight (its answer comes at once) instead of letting it hold the whole grace period.
+        stopping = asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop.loop)
         self.agent.close()
-        done.wait(timeout=grace + 5.0)
+        try:
+            stopping.result(timeout_s)
+        except TimeoutError:
+            _LOG.warning("the RPC server did not stop within %.1f s", timeout_s)
+        self._servicer.close()  # prompt: the executors are closed, so no job is left running
+        self._loop.stop(_STOP_SLACK_S)
+        self._server = None  # grpc's own poller thread ends with the last aio server object
+        self._terminated.set()
         _LOG.info("agent %s stopped", self.agent.agent_id)
 
     def wait(self, timeout_s: float) -> bool:
         """Block until the server terminates or `timeout_s` passes; True when it terminated."""
-        return bool(self.grpc_server.wait_for_termination(timeout=timeout_s))
+        return self._terminated.wait(timeout_s)
 
     def __enter__(self) -> AgentServer:
         return self
@@ -103,38 +135,27 @@ def create_server(
         config.secrets.token(Role.CLIENT)
         if config.tracker_address:
             agent_token = config.secrets.token(Role.AGENT)
-    interceptors: list[grpc.ServerInterceptor] = (
-        [] if config.secrets is None else [agent_interceptor(config.secrets)]
-    )
-    interceptors.append(StrictDecoding())  # malformed bytes: INVALID_ARGUMENT, not INTERNAL
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4 + 2 * config.devices),
-        interceptors=interceptors,
-        options=[
-            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-            # gRPC sets SO_REUSEPORT by default: a second agent on a taken port would bind too and
-            # take half the connections (and the other's leases' calls). Fail the bind instead.
-            ("grpc.so_reuseport", 0),
-        ],
-    )
+    credentials = server_credentials(config.tls) if config.tls.enabled else None
+    loop = LoopThread("kiln-agent-loop")
     try:
-        if config.tls.enabled:
-            port = server.add_secure_port(listen, server_credentials(config.tls))
-        else:
-            port = server.add_insecure_port(listen)
-    except RuntimeError as error:
-        raise OSError(f"cannot listen on {listen}: {error}") from error
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
+        server, port = loop.call(_bind(listen, config, credentials))
+    except BaseException:
+        loop.stop()
+        raise
     address = f"{config.advertise_host}:{port}"
-    agent = Agent(config, address, lease_verifier)
-    agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(agent), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for service in ("", "kiln.v1.Agent"):
-        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    server.start()
+    agent = servicer = None
+    try:
+        agent = Agent(config, address, lease_verifier)
+        servicer = AgentServicer(agent)
+        health_servicer = loop.call(_serve(server, servicer))
+    except BaseException:
+        loop.call(server.stop(None))
+        if agent is not None:
+            agent.close()
+        if servicer is not None:
+            servicer.close()
+        loop.stop()
+        raise
     registrar = None
     if config.tracker_address:
         registrar = Registrar(
@@ -146,6 +167,7 @@ def create_server(
             config.reregister_backoff_cap_s,
             token=agent_token,
             tls=config.tracker_tls,
+            on_fence_floors=agent.end_leases_below,
         )
         registrar.start()
     _LOG.info(
@@ -155,4 +177,36 @@ def create_server(
         config.backend,
         address,
     )
-    return AgentServer(server, agent, registrar, health_servicer), port, agent
+    return AgentServer(loop, server, agent, servicer, registrar, health_servicer), port, agent
+
+
+async def _bind(
+    listen: str, config: AgentConfig, credentials: grpc.ServerCredentials | None
+) -> tuple[grpc.aio.Server, int]:
+    """An unstarted aio server bound to `listen` (made on the loop it will serve on)."""
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if config.secrets is not None:
+        interceptors.append(async_agent_interceptor(config.secrets))
+    interceptors.append(AsyncStrictDecoding())  # malformed bytes: INVALID_ARGUMENT, not INTERNAL
+    server = grpc.aio.server(interceptors=interceptors, options=_OPTIONS)
+    try:
+        if credentials is not None:
+            port = server.add_secure_port(listen, credentials)
+        else:
+            port = server.add_insecure_port(listen)
+    except RuntimeError as error:
+        raise OSError(f"cannot listen on {listen}: {error}") from error
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return server, port
+
+
+async def _serve(server: grpc.aio.Server, servicer: AgentServicer) -> health.aio.HealthServicer:
+    """Add the services to `server` and start it; returns its health servicer."""
+    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in ("", "kiln.v1.Agent"):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    await server.start()
+    return health_servicer

@@ -348,6 +348,18 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def thread_count(pid: int) -> int:
+    """How many threads `pid` has (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def wait_until_spinning(pid: int, ticks: int = 20, timeout_s: float = 30.0) -> bool:
     """True once `pid` has used `ticks` more clock ticks of CPU than when called (a busy kernel)."""
     start = cpu_ticks(pid)

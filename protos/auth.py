@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import grpc.aio
+
+from protos.ratelimit import RateLimitedLog
 
 _LOG = logging.getLogger(__name__)
 
@@ -323,3 +326,49 @@ def _handler_like(handler: Any, behavior: Callable[[Any, Any], Any]) -> Any:
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(behavior)
     return grpc.stream_stream_rpc_method_handler(behavior)
+
+
+class AsyncAuthInterceptor(grpc.aio.ServerInterceptor):
+    """`AuthInterceptor`'s checks for the asyncio servers; rejections logged rate-limited.
+
+    A rejected call never has its request decoded: the rejecting handler takes raw bytes.
+    """
+
+    def __init__(
+        self,
+        secrets: PoolSecrets,
+        method_roles: MethodRoles,
+        on_reject: RejectHook | None = None,
+        log: logging.Logger = _LOG,
+    ) -> None:
+        self._checks = AuthInterceptor(secrets, method_roles, on_reject, log)
+        self._log = RateLimitedLog(log)
+        self._on_reject = on_reject
+
+    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        """Pass allowed calls on; answer the others with a handler that logs and aborts."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        verdict = self._checks.check(method, handler_call_details.invocation_metadata)
+        if verdict is None:
+            return handler
+        code, message, role = verdict
+        if self._on_reject is not None:
+            self._on_reject(method, code)
+
+        async def reject(request: Any, context: Any) -> Any:
+            self._log.log(
+                f"{method} {code.name}",
+                logging.WARNING,
+                "rejected %s from %s: %s: %s (role %s)",
+                method,
+                context.peer(),
+                code.name,
+                message,
+                role.value if role else "none",
+            )
+            await context.abort(code, message)
+
+        return _handler_like(handler, reject)

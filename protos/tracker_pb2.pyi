@@ -30,10 +30,19 @@ class RegisterRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., agent_address: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[_common_pb2.DeviceSpec, _Mapping]]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("heartbeat_interval_s",)
+    __slots__ = ("heartbeat_interval_s", "fence_floors")
+    class FenceFloorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FLOORS_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_s: float
-    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    fence_floors: _containers.ScalarMap[str, int]
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., fence_floors: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("agent_id",)
@@ -131,10 +140,14 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ListDevicesRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "page_size", "page_token")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, key: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class DeviceStatus(_message.Message):
     __slots__ = ("spec", "state", "lease_holder", "heartbeat_age_s", "queue_depth")
@@ -151,7 +164,9 @@ class DeviceStatus(_message.Message):
     def __init__(self, spec: _Optional[_Union[_common_pb2.DeviceSpec, _Mapping]] = ..., state: _Optional[_Union[DeviceState, str]] = ..., lease_holder: _Optional[str] = ..., heartbeat_age_s: _Optional[float] = ..., queue_depth: _Optional[int] = ...) -> None: ...
 
 class ListDevicesResponse(_message.Message):
-    __slots__ = ("devices",)
+    __slots__ = ("devices", "next_page_token")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceStatus]
-    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -1,4 +1,4 @@
-"""Who may call which tracker method (enforced by protos.auth.AuthInterceptor):
+"""Who may call which tracker method (enforced by protos.auth.AsyncAuthInterceptor):
 
     agent   Register, Heartbeat
     client  Acquire, Renew, Release, ListDevices
@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import logging
 
-from protos.auth import AuthInterceptor, MethodRoles, PoolSecrets, RejectHook, Role
+from protos.auth import (
+    AsyncAuthInterceptor,
+    AuthInterceptor,
+    MethodRoles,
+    PoolSecrets,
+    RejectHook,
+    Role,
+)
 
 _TRACKER = "/kiln.v1.Tracker/"
 
@@ -29,3 +36,12 @@ def tracker_interceptor(
 ) -> AuthInterceptor:
     """The tracker's auth interceptor over `secrets`; `on_reject` counts rejections."""
     return AuthInterceptor(secrets, TRACKER_METHOD_ROLES, on_reject, logging.getLogger(__name__))
+
+
+def async_tracker_interceptor(
+    secrets: PoolSecrets, on_reject: RejectHook | None = None
+) -> AsyncAuthInterceptor:
+    """The grpc.aio server's auth interceptor over `secrets`; `on_reject` counts rejections."""
+    return AsyncAuthInterceptor(
+        secrets, TRACKER_METHOD_ROLES, on_reject, logging.getLogger(__name__)
+    )

@@ -76,6 +76,8 @@ class DeviceRecord:
     state: DeviceState
     lease_holder: str
     last_heartbeat_unix: float
+    fence: int = 0
+    """The fence of its current lease; 0 when it has none."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,3 +137,19 @@ class ReleaseResult:
 
     released: bool
     reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """What Register answers: the heartbeat interval and each device's lowest valid fence."""
+
+    heartbeat_interval_s: float
+    fence_floors: dict[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePage:
+    """One page of ListDevices; `next_page_token` is "" on the last."""
+
+    devices: list[DeviceStatus]
+    next_page_token: str

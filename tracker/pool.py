@@ -1,11 +1,15 @@
 """DevicePool: the tracker's core. Registers agents, queues Acquire requests, grants leases.
 
 State lives in a TrackerStore, the pool-wide queue of waiting requests included; what the pool
-adds is the threads that wait and the clock. Whenever a device may have become free (register,
+adds is the local waiters and the clock. Whenever a device may have become free (register,
 release, failed renew, expiry sweep, a change another replica announced through `store.watch`)
-the pool dispatches: it offers free devices to its waiters in queue order and wakes them through
-one condition variable. The store makes every grant respect the whole queue, so a waiter on one
+the pool dispatches: it offers free devices to its waiters in queue order and completes each
+granted waiter's future. The store makes every grant respect the whole queue, so a waiter on one
 replica never overtakes an earlier one on another.
+
+An Acquire is split so that waiting holds no thread: `start_acquire` answers at once or returns a
+queued Waiter, its caller waits on the waiter's future (an asyncio task in the server, a thread in
+the synchronous `acquire`), then `finish` answers it, or `abandon` drops it when the client left.
 
 A request that no registered device could ever serve (no device with its key and tags, in any
 state) is answered NO_DEVICE at once instead of waiting out its timeout: the client made a typo
@@ -30,17 +34,19 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from tracker import validation
+from tracker import listing, validation
 from tracker.config import TrackerConfig
 from tracker.errors import InvalidArgument, LeaseLost, StoreUnavailable
 from tracker.model import (
     AcquireResult,
+    DevicePage,
     DeviceSpec,
     DeviceState,
     DeviceStatus,
     ExpiryReport,
     Lease,
     LeaseRequest,
+    Registered,
     ReleaseResult,
 )
 from tracker.store.base import TrackerStore
@@ -48,10 +54,6 @@ from tracker.tokens import TokenIssuer, ephemeral_issuer
 from tracker.waitqueue import Waiter, WaitQueue
 
 _LOG = logging.getLogger(__name__)
-
-# Waiters re-check cancellation this often. Cancel callbacks also wake them at once; the poll only
-# bounds the delay if a wake-up is missed.
-_CANCEL_POLL_S = 0.25
 
 REASON_SHUTTING_DOWN = "tracker shutting down"
 REASON_CANCELLED = "request cancelled: client went away"
@@ -98,7 +100,7 @@ class DevicePool:
         self._clock = clock
         self._issue_token = issue_token or ephemeral_issuer()
         self._new_lease_id = new_lease_id
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queue = WaitQueue()
         self._closed = False
         self._grace_ends = time.monotonic() + config.startup_grace_s
@@ -107,15 +109,19 @@ class DevicePool:
         self._silence_judged_from = self._clock() + config.agent_timeout_s
         store.watch(self._on_store_change)
 
-    def register(self, agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]) -> float:
-        """Replace the agent's devices; returns the heartbeat interval the agent must keep.
+    def register(
+        self, agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]
+    ) -> Registered:
+        """Replace the agent's devices; returns the heartbeat interval the agent must keep and
+        each device's fence floor (see listing.fence_floors).
 
         Raises:
             InvalidArgument: see validation.registration.
             StoreUnavailable: the store cannot be reached.
         """
         registration = validation.registration(agent_id, agent_address, devices)
-        ended = self._store.register(registration, self._clock())
+        now = self._clock()
+        ended = self._store.register(registration, now)
         _LOG.info(
             "agent %s at %s registered %d devices",
             registration.agent_id,
@@ -125,7 +131,14 @@ class DevicePool:
         if ended:
             _LOG.warning("re-register of %s ended leases %s", registration.agent_id, ended)
         self._dispatch()
-        return self.config.heartbeat_interval_s
+        ids = {spec.device_id for spec in registration.devices}
+        records = [
+            record
+            for key in sorted({spec.key for spec in registration.devices})
+            for record in self._store.devices(key)
+            if record.spec.device_id in ids
+        ]
+        return Registered(self.config.heartbeat_interval_s, listing.fence_floors(records, now))
 
     def heartbeat(self, agent_id: str) -> bool:
         """Record a heartbeat; False means the agent must register again."""
@@ -139,7 +152,39 @@ class DevicePool:
         cancelled: threading.Event | None = None,
         client_time_remaining_s: float | None = None,
     ) -> AcquireResult:
-        """Wait for a matching device, queued behind higher-priority and earlier requests.
+        """Wait for a matching device on this thread: start_acquire, wait, then finish or abandon.
+
+        Args:
+            cancelled: set when the client goes away (then call `wake()`); the request then leaves
+                the queue and any lease granted meanwhile is released.
+            client_time_remaining_s: see start_acquire.
+
+        Raises:
+            InvalidArgument: a malformed request.
+            StoreUnavailable: the store cannot be reached.
+        """
+        started = self.start_acquire(request, client_time_remaining_s, cancelled)
+        if isinstance(started, AcquireResult):
+            return started
+        waiter = started
+        while not (cancelled is not None and cancelled.is_set()):
+            try:
+                waiter.future.result(timeout=max(waiter.wake_at - time.monotonic(), 0.0))
+                break
+            except TimeoutError:
+                if not self.grace_ended(waiter):
+                    break  # the deadline passed, or the selector is still unknown
+        if cancelled is not None and cancelled.is_set():
+            return self.abandon(waiter)
+        return self.finish(waiter)
+
+    def start_acquire(
+        self,
+        request: LeaseRequest,
+        client_time_remaining_s: float | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> AcquireResult | Waiter:
+        """Answer an Acquire at once, or queue it and return its Waiter; never blocks on a wait.
 
         A request that no registered device matches (none with its key and tags, LOST ones
         included) is answered NO_DEVICE at once, "no registered device matches key=... tags=...",
@@ -151,10 +196,14 @@ class DevicePool:
         NO_DEVICE with REASON_SUPERSEDED. A call cut short by close() leaves its entry queued,
         so the client can re-attach to a restarted tracker.
 
+        A Waiter's caller waits for `waiter.future` until `waiter.wake_at`, calls `grace_ended`
+        when that was the end of the startup grace, and then `finish` (or `abandon` when its
+        client left) exactly once.
+
         Args:
-            cancelled: set when the client goes away; the request then leaves the queue.
             client_time_remaining_s: the RPC deadline, if the client set one; the wait never
                 outlasts it, nor request.timeout_s, nor config.max_acquire_wait_s.
+            cancelled: a synchronous caller's cancel flag (see `wake`).
 
         Raises:
             InvalidArgument: a malformed request.
@@ -189,45 +238,56 @@ class DevicePool:
                 return AcquireResult(None, unregistered)
         if not request.request_id:
             request = dataclasses.replace(request, request_id=_new_id())
-        waiter = self._enqueue(request)
+        waiter = self._enqueue(request, deadline, recheck_at, cancelled)
         if waiter is None:
             return AcquireResult(None, REASON_SHUTTING_DOWN)
-        with self._cond:
-            while waiter.lease is None and not self._closed and not waiter.superseded:
-                now = time.monotonic()
-                remaining = deadline - now
-                if remaining <= 0 or (cancelled is not None and cancelled.is_set()):
-                    break
-                if recheck_at is not None and now >= recheck_at:
-                    recheck_at = None
-                    # The store is asked without the lock: a slow answer (Redis) must not hold
-                    # up grants to every other waiter. A lease granted meanwhile wins.
-                    self._cond.release()
-                    try:
-                        unknown = self._still_unregistered(request)
-                    finally:
-                        self._cond.acquire()
-                    if unknown and waiter.lease is None:
-                        break  # answered below with the reason, like a wait that timed out
-                    continue
-                step = min(remaining, _CANCEL_POLL_S)
-                if recheck_at is not None:
-                    step = min(step, recheck_at - now)
-                self._cond.wait(step)
-            self._queue.remove(waiter)
-            lease, closed, superseded = waiter.lease, self._closed, waiter.superseded
-        if lease is None and not closed and not superseded:
-            self._store.dequeue(request.request_id)
-            self._announce_queue_change()
-        if cancelled is not None and cancelled.is_set():
-            if lease is not None:
-                self.release(lease.lease_id)
-            return AcquireResult(None, REASON_CANCELLED)
+        return waiter
+
+    def grace_ended(self, waiter: Waiter) -> bool:
+        """Called at `waiter.wake_at` without an answer: whether to keep waiting.
+
+        True only at the end of the startup grace when the selector is now known (or a lease came
+        meanwhile); False at the deadline, or when no registered device matches yet.
+        """
+        if waiter.recheck_at is None or time.monotonic() < waiter.recheck_at:
+            return False
+        waiter.recheck_at = None
+        # Asked without the lock: a slow answer (Redis) must not hold up grants to every other
+        # waiter. A lease granted meanwhile wins.
+        unknown = self._still_unregistered(waiter.request)
+        with self._lock:
+            return not unknown or waiter.lease is not None
+
+    def finish(self, waiter: Waiter) -> AcquireResult:
+        """Take an answered or timed-out waiter out of the queue and answer it."""
+        lease, closed, superseded = self._drop(waiter)
         if lease is not None:
             return self._granted(lease)
         if superseded:
             return AcquireResult(None, REASON_SUPERSEDED)
-        return AcquireResult(None, REASON_SHUTTING_DOWN if closed else self._no_device(request))
+        return AcquireResult(
+            None, REASON_SHUTTING_DOWN if closed else self._no_device(waiter.request)
+        )
+
+    def abandon(self, waiter: Waiter) -> AcquireResult:
+        """Drop the waiter of a client that left: out of the queue at once, and a lease granted to
+        it in the race released (the device goes to the next waiter)."""
+        lease, _, _ = self._drop(waiter)
+        if lease is not None:
+            self.release(lease.lease_id)
+        return AcquireResult(None, REASON_CANCELLED)
+
+    def _drop(self, waiter: Waiter) -> tuple[Lease | None, bool, bool]:
+        """Remove `waiter` here and (unless granted, closed or superseded) from the store's queue;
+        returns its lease, whether the pool closed, whether it was superseded."""
+        with self._lock:
+            self._queue.remove(waiter)
+            waiter.wake()
+            lease, closed, superseded = waiter.lease, self._closed, waiter.superseded
+        if lease is None and not closed and not superseded:
+            self._store.dequeue(waiter.request.request_id)
+            self._announce_queue_change()
+        return lease, closed, superseded
 
     def renew(self, lease_id: str, lease_ttl_s: float = 0.0) -> Lease:
         """Extend a lease by `lease_ttl_s` (0 = default) from now, with a fresh token.
@@ -263,22 +323,30 @@ class DevicePool:
         now = self._clock()
         records = self._store.devices(key)
         queued = [request for _, request in self._store.queued(now)] if records else []
-        return [
-            DeviceStatus(
-                record.spec,
-                record.state,
-                record.lease_holder,
-                max(now - record.last_heartbeat_unix, 0.0),
-                sum(1 for request in queued if request.matches(record.spec)),
-            )
-            for record in records
-        ]
+        return listing.statuses(records, queued, now)
+
+    def list_page(self, key: str = "", page_size: int = 0, page_token: str = "") -> DevicePage:
+        """One page of `list_devices`: at most `page_size` devices (0 = the default) after the
+        `page_token` a previous page returned ("" = from the first).
+
+        Raises:
+            InvalidArgument: a negative page_size or a page_token too long to be one.
+        """
+        size = listing.page_size(page_size)
+        after = listing.check_page_token(page_token)
+        now = self._clock()
+        records = self._store.devices(key, after, size + 1)
+        queued = [request for _, request in self._store.queued(now)] if records else []
+        return DevicePage(
+            listing.statuses(records[:size], queued, now),
+            listing.next_page_token(records, size),
+        )
 
     def reap(self) -> ExpiryReport:
         """Expire silent agents, lapsed leases, long-lost devices and abandoned queue entries;
         refresh this process's queue entries; then offer free devices to waiters."""
         now = self._clock()
-        with self._cond:  # refresh first, so the sweep never drops a live waiter's entry
+        with self._lock:  # refresh first, so the sweep never drops a live waiter's entry
             entries = [(waiter.ticket, waiter.request) for waiter in self._queue]
             if entries:
                 self._store.keep_queued(entries, now, self.config.queued_request_ttl_s)
@@ -297,20 +365,23 @@ class DevicePool:
     @property
     def waiting(self) -> int:
         """Number of Acquire requests waiting in this process."""
-        with self._cond:
+        with self._lock:
             return len(self._queue)
 
     def wake(self) -> None:
-        """Wake every waiter to re-check its cancel flag (called from gRPC cancel callbacks)."""
-        with self._cond:
-            self._cond.notify_all()
+        """Wake the synchronous waiters whose cancel flag is set, so they leave the queue."""
+        with self._lock:
+            for waiter in self._queue:
+                if waiter.cancelled is not None and waiter.cancelled.is_set():
+                    waiter.wake()
 
     def close(self) -> None:
-        """Refuse new Acquires and answer waiting ones with NO_DEVICE; the store stays open and
-        keeps their queue entries until they expire, for clients to re-attach elsewhere."""
-        with self._cond:
+        """Refuse new Acquires and answer waiting ones with REASON_SHUTTING_DOWN; the store stays
+        open and keeps their queue entries until they expire, for clients to re-attach elsewhere."""
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            for waiter in self._queue:
+                waiter.wake()
 
     def _ttl(self, requested_s: float) -> float:
         if requested_s <= 0:
@@ -331,22 +402,30 @@ class DevicePool:
         _LOG.debug("lease %s on %s to %r", lease.lease_id, lease.device.device_id, lease.user)
         return AcquireResult(lease)
 
-    def _enqueue(self, request: LeaseRequest) -> Waiter | None:
-        """Put `request` in the store's queue and wait there locally; None once closed."""
+    def _enqueue(
+        self,
+        request: LeaseRequest,
+        deadline: float,
+        recheck_at: float | None,
+        cancelled: threading.Event | None,
+    ) -> Waiter | None:
+        """Put `request` in the store's queue and in the local one; None once closed."""
         ticket = self._store.enqueue(request, self._clock(), self.config.queued_request_ttl_s)
-        with self._cond:
+        waiter = Waiter(request, ticket, deadline, recheck_at, cancelled)
+        with self._lock:
             if self._closed:
                 return None
             previous = self._queue.find(ticket.request_id)
             if previous is not None:
                 previous.superseded = True
                 self._queue.remove(previous)
-            waiter = self._queue.push(request, ticket)
+                previous.wake()
+            self._queue.push(waiter)
             self._dispatch_locked()
             return waiter
 
     def _on_store_change(self) -> None:
-        with self._cond:
+        with self._lock:
             if len(self._queue) and not self._closed:
                 self._dispatch_locked()
 
@@ -355,13 +434,12 @@ class DevicePool:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        with self._cond:
+        with self._lock:
             self._dispatch_locked()
 
     def _dispatch_locked(self) -> None:
         if not len(self._queue):
             return
-        granted = False
         failed: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         try:
             for waiter in self._queue:
@@ -376,12 +454,10 @@ class DevicePool:
                     continue
                 waiter.lease = lease
                 self._queue.remove(waiter)
-                granted = True
+                waiter.wake()
         except StoreUnavailable as error:
             # The next reap dispatches again; the caller's own transition already happened.
             _LOG.warning("dispatch stopped: %s", error)
-        if granted:
-            self._cond.notify_all()
 
     def _no_device(self, request: LeaseRequest) -> str:
         matching = [r for r in self._store.devices(request.key) if request.matches(r.spec)]

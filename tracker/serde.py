@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from protos import common_pb2, tracker_pb2
 from tracker.model import (
     AcquireResult,
+    DevicePage,
     DeviceSpec,
     DeviceState,
     DeviceStatus,
     Lease,
     LeaseRequest,
+    Registered,
     ReleaseResult,
 )
 
@@ -101,14 +101,18 @@ def device_status_to_proto(status: DeviceStatus) -> tracker_pb2.DeviceStatus:
     )
 
 
-def list_devices_response(statuses: Iterable[DeviceStatus]) -> tracker_pb2.ListDevicesResponse:
+def list_devices_response(page: DevicePage) -> tracker_pb2.ListDevicesResponse:
     return tracker_pb2.ListDevicesResponse(
-        devices=[device_status_to_proto(status) for status in statuses]
+        devices=[device_status_to_proto(status) for status in page.devices],
+        next_page_token=page.next_page_token,
     )
 
 
-def register_response(heartbeat_interval_s: float) -> tracker_pb2.RegisterResponse:
-    return tracker_pb2.RegisterResponse(heartbeat_interval_s=heartbeat_interval_s)
+def register_response(registered: Registered) -> tracker_pb2.RegisterResponse:
+    return tracker_pb2.RegisterResponse(
+        heartbeat_interval_s=registered.heartbeat_interval_s,
+        fence_floors=registered.fence_floors,
+    )
 
 
 def heartbeat_response(known: bool) -> tracker_pb2.HeartbeatResponse:

@@ -1,7 +1,9 @@
-"""create_server(): a started gRPC server with its DevicePool and Reaper, for the CLI and tests.
+"""create_server(): a started grpc.aio server with its DevicePool and Reaper, for the CLI and tests.
 
-The server carries, besides the Tracker service: the standard gRPC health service (SERVING while
-up, NOT_SERVING from the start of a graceful stop), bearer-token auth when pool secrets are given
+The server runs on an asyncio loop of its own thread (protos.aio_loop.LoopThread), so a waiting
+Acquire is a suspended coroutine, not a parked thread; `create_server` and `stop` stay synchronous.
+Besides the Tracker service it carries: the standard gRPC health service (SERVING while up,
+NOT_SERVING from the start of a graceful stop), bearer-token auth when pool secrets are given
 (tracker.auth), strict request decoding (protos.decoding), TLS or mutual TLS when TLS files are
 given, and optionally a Prometheus endpoint (tracker.metrics).
 """
@@ -9,21 +11,22 @@ given, and optionally a Prometheus endpoint (tracker.metrics).
 from __future__ import annotations
 
 import logging
-from concurrent import futures
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from protos import tracker_pb2_grpc
+from protos.aio_loop import LoopThread
 from protos.auth import PoolSecrets, TlsFiles, server_credentials
-from protos.decoding import StrictDecoding
-from tracker.auth import tracker_interceptor
+from protos.decoding import AsyncStrictDecoding
+from tracker.auth import async_tracker_interceptor
 from tracker.config import TrackerConfig
 from tracker.pool import DevicePool
 from tracker.reaper import Reaper
-from tracker.service import TrackerService
-from tracker.store import open_store
+from tracker.service import PoolCalls, TrackerService
+from tracker.store import TrackerStore, open_store
 from tracker.tokens import hmac_issuer
 
 if TYPE_CHECKING:
@@ -33,19 +36,24 @@ _LOG = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 TRACKER_SERVICE_NAME = "kiln.v1.Tracker"
+# Bounds on the loop-side steps of a stop, beyond the grace the caller gives in-flight calls.
+_STEP_TIMEOUT_S = 5.0
 
 
 class ServingTracker(NamedTuple):
     """A running tracker; unpacks as (server, port, pool, reaper, host, health, metrics, ...)."""
 
-    server: Any  # grpc.Server
+    server: Any  # grpc.aio.Server, served on `loop`
     port: int
     pool: DevicePool
     reaper: Reaper
     host: str
-    health: Any = None  # grpc_health.v1.health.HealthServicer
+    health: Any = None  # grpc_health.v1.health.aio.HealthServicer, on `loop`
     metrics: TrackerMetrics | None = None
     metrics_port: int = 0
+    loop: LoopThread | None = None
+    calls: PoolCalls | None = None
+    store: TrackerStore | None = None
 
     @property
     def address(self) -> str:
@@ -62,13 +70,25 @@ class ServingTracker(NamedTuple):
     def stop(self, grace_s: float = 2.0) -> None:
         """Report NOT_SERVING, answer waiting Acquires, stop the reaper, then the server.
 
-        In-flight calls get `grace_s` to finish; the metrics endpoint stops last.
+        In-flight calls get `grace_s` to finish; then the service's threads, the loop's thread and
+        the store's connections end, and the metrics endpoint stops last. Idempotent.
         """
-        if self.health is not None:
-            self.health.enter_graceful_shutdown()
+        loop = self.loop
+        if loop is not None and loop.alive and self.health is not None:
+            loop.call(self.health.enter_graceful_shutdown(), _STEP_TIMEOUT_S)
         self.pool.close()
         self.reaper.stop()
-        self.server.stop(grace=grace_s).wait(grace_s + 1.0)
+        if loop is not None and loop.alive:
+            try:
+                loop.call(self.server.stop(grace_s), grace_s + _STEP_TIMEOUT_S)
+            except TimeoutError:
+                _LOG.warning("the server did not stop within %.1f s", grace_s + _STEP_TIMEOUT_S)
+        if self.calls is not None:
+            self.calls.shutdown()
+        if loop is not None:
+            loop.stop()
+        if self.store is not None:
+            self.store.close()
         if self.metrics is not None:
             self.metrics.close()
 
@@ -105,7 +125,8 @@ def create_server(
     # With the pool's lease key agents verify lease tokens without calling the tracker; without
     # one the pool signs with a key of its own that no agent knows.
     issuer = hmac_issuer(secrets.lease_key) if secrets and secrets.lease_key else None
-    pool = DevicePool(open_store(config.store), config, issue_token=issuer)
+    store = open_store(config.store)
+    pool = DevicePool(store, config, issue_token=issuer)
     metrics = None
     if metrics_port is not None:
         from tracker.metrics import TrackerMetrics  # prometheus-client only when asked for
@@ -114,45 +135,37 @@ def create_server(
     interceptors: list[Any] = []
     if secrets is not None:
         interceptors.append(
-            tracker_interceptor(secrets, on_reject=metrics.observe_rejection if metrics else None)
+            async_tracker_interceptor(
+                secrets, on_reject=metrics.observe_rejection if metrics else None
+            )
         )
-    interceptors.append(StrictDecoding())
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="tracker"),
-        interceptors=interceptors,
-        options=[
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            # gRPC sets SO_REUSEPORT by default: a second tracker on a taken port would then bind
-            # too and split the pool's state. Fail the bind instead.
-            ("grpc.so_reuseport", 0),
-        ],
+    interceptors.append(AsyncStrictDecoding())
+    # The memory store only takes short in-process locks: its calls run on the loop. Redis does
+    # network I/O: its calls run on the service's threads.
+    calls = PoolCalls(config, inline=config.store == "memory")
+    service = TrackerService(pool, calls, metrics)
+    reaper = Reaper(
+        pool, config.reap_interval_s, on_report=metrics.observe_expiry if metrics else None
     )
-    tracker_pb2_grpc.add_TrackerServicer_to_server(TrackerService(pool, metrics), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    loop = LoopThread("kiln-tracker-loop")
     try:
-        if credentials is not None:
-            port = server.add_secure_port(listen, credentials)
-        else:
-            port = server.add_insecure_port(listen)
-    except RuntimeError as error:
-        raise OSError(f"cannot listen on {listen}: {error}") from error
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
-    bound_metrics_port = 0
+        server, port, health = loop.call(
+            _serve(listen, config, interceptors, service, credentials), _STEP_TIMEOUT_S
+        )
+    except BaseException:
+        loop.stop()
+        calls.shutdown()
+        store.close()
+        raise
+    serving = ServingTracker(server, port, pool, reaper, host, health, None, 0, loop, calls, store)
     if metrics is not None:
         assert metrics_port is not None
         try:
             bound_metrics_port = metrics.serve(_metrics_host(host), metrics_port)
         except OSError as error:
+            serving.stop(0.0)
             raise OSError(f"cannot serve metrics on {host}:{metrics_port}: {error}") from error
-    server.start()
-    for service in ("", TRACKER_SERVICE_NAME):
-        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    reaper = Reaper(
-        pool, config.reap_interval_s, on_report=metrics.observe_expiry if metrics else None
-    )
+        serving = serving._replace(metrics=metrics, metrics_port=bound_metrics_port)
     reaper.start()
     _LOG.info(
         "tracker serving on %s:%d (store %s, %s, %s)",
@@ -162,12 +175,51 @@ def create_server(
         "token auth" if secrets is not None else "NO auth",
         "TLS" if credentials is not None else "plaintext",
     )
-    serving = ServingTracker(
-        server, port, pool, reaper, host, health_servicer, metrics, bound_metrics_port
-    )
     if metrics is not None:
         _LOG.info("metrics at %s", serving.metrics_url)
     return serving
+
+
+async def _serve(
+    listen: str,
+    config: TrackerConfig,
+    interceptors: list[Any],
+    service: TrackerService,
+    credentials: Any,
+) -> tuple[Any, int, Any]:
+    """Bind and start the aio server on the running loop; returns (server, port, health).
+
+    Raises:
+        OSError: `listen` could not be bound.
+    """
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            # gRPC sets SO_REUSEPORT by default: a second tracker on a taken port would then bind
+            # too and split the pool's state. Fail the bind instead.
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    tracker_pb2_grpc.add_TrackerServicer_to_server(service, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    try:
+        if credentials is not None:
+            port = server.add_secure_port(listen, credentials)
+        else:
+            port = server.add_insecure_port(listen)
+    except RuntimeError as error:
+        await server.stop(None)
+        raise OSError(f"cannot listen on {listen}: {error}") from error
+    if port == 0:
+        await server.stop(None)
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    for name in ("", TRACKER_SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, port, health
 
 
 def _metrics_host(host: str) -> str:

@@ -1,32 +1,59 @@
 """This process's waiting Acquire calls, in grant order: higher priority first, FIFO within one.
 
-Not thread-safe on its own: the DevicePool guards it with its condition variable's lock. The order
-comes from each waiter's QueueTicket, which the store hands out: the store keeps the pool-wide
-queue (every replica's waiters, surviving a tracker restart), this module only the threads of this
-process that wait on it.
+Not thread-safe on its own: the DevicePool guards it with its lock. The order comes from each
+waiter's QueueTicket, which the store hands out: the store keeps the pool-wide queue (every
+replica's waiters, surviving a tracker restart), this module only the calls of this process that
+wait on it. A waiting call holds no thread: it waits on its waiter's `future`, which the pool
+completes from whichever thread granted, superseded or closed.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, InvalidStateError
 
 from tracker.model import Lease, LeaseRequest, QueueTicket
 
 
 @dataclasses.dataclass(eq=False)
 class Waiter:
-    """One waiting request; dispatch sets `lease` on a grant, a takeover sets `superseded`."""
+    """One waiting request; dispatch sets `lease` on a grant, a takeover sets `superseded`.
+
+    `future` completes (with None) when the waiter has something to look at: a lease, a takeover,
+    the pool closing, or (sync callers) its `cancelled` flag. The answer is read from the waiter
+    under the pool's lock, never from the future.
+    """
 
     request: LeaseRequest
     ticket: QueueTicket
+    deadline: float
+    """time.monotonic() at which the wait ends with NO_DEVICE."""
+    recheck_at: float | None = None
+    """time.monotonic() at which the startup grace ends and the selector is checked again."""
+    cancelled: threading.Event | None = None
+    """A synchronous caller's cancel flag, looked at by DevicePool.wake."""
     lease: Lease | None = None
     superseded: bool = False
+    future: Future[None] = dataclasses.field(default_factory=Future)
 
     @property
     def order(self) -> tuple[int, int]:
         return self.ticket.order
+
+    @property
+    def wake_at(self) -> float:
+        """time.monotonic() at which the waiter must look again even if nobody woke it."""
+        return self.deadline if self.recheck_at is None else min(self.deadline, self.recheck_at)
+
+    def wake(self) -> None:
+        """Complete the future (once; a future its caller already cancelled stays cancelled)."""
+        if not self.future.done():
+            with contextlib.suppress(InvalidStateError):  # cancelled by the caller in between
+                self.future.set_result(None)
 
 
 class WaitQueue:
@@ -35,11 +62,9 @@ class WaitQueue:
     def __init__(self) -> None:
         self._waiters: list[Waiter] = []
 
-    def push(self, request: LeaseRequest, ticket: QueueTicket) -> Waiter:
-        """Queue `request` at the place its ticket gives it."""
-        waiter = Waiter(request, ticket)
+    def push(self, waiter: Waiter) -> None:
+        """Queue `waiter` at the place its ticket gives it."""
         bisect.insort(self._waiters, waiter, key=lambda w: w.order)
-        return waiter
 
     def remove(self, waiter: Waiter) -> None:
         """Drop `waiter` if still queued."""

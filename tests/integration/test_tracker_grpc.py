@@ -13,6 +13,7 @@ from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
 from tracker.config import TrackerConfig
 from tracker.errors import StoreUnavailable
 from tracker.server import ServingTracker, create_server
+from tuner.measure.tracker_client import TrackerClient
 
 RPC_TIMEOUT_S = 10.0  # deadline on every call; no test should come near it
 
@@ -197,10 +198,10 @@ def test_invalid_register_is_invalid_argument(
 def test_unexpected_error_is_internal_and_server_keeps_serving(
     stub: Any, tracker: ServingTracker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(key: str = "") -> list[Any]:
+    def broken(*args: Any) -> Any:
         raise RuntimeError("store exploded")
 
-    monkeypatch.setattr(tracker.pool, "list_devices", broken)
+    monkeypatch.setattr(tracker.pool, "list_page", broken)
     with pytest.raises(grpc.RpcError) as error:
         stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5)
     assert error.value.code() == grpc.StatusCode.INTERNAL
@@ -287,7 +288,7 @@ def test_store_unavailable_is_unavailable_with_the_reason(
     def down(*args: Any, **kwargs: Any) -> Any:
         raise StoreUnavailable("redis at 127.0.0.1:1: connection refused")
 
-    monkeypatch.setattr(tracker.pool, "acquire", down)
+    monkeypatch.setattr(tracker.pool, "start_acquire", down)
     with pytest.raises(grpc.RpcError) as error:
         acquire(stub, key="x86")
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -301,3 +302,51 @@ def test_acquire_without_a_client_deadline_is_served(stub: Any) -> None:
     register(stub)
     response = stub.Acquire(tracker_pb2.AcquireRequest(key="x86"))  # no timeout= on purpose
     assert response.status == common_pb2.OK
+
+
+def test_list_devices_pages_by_id_and_the_client_follows_every_page(
+    stub: Any, tracker: ServingTracker
+) -> None:
+    for agent in ("a", "b", "c"):
+        register(stub, agent_id=agent, n=200)
+    first = stub.ListDevices(tracker_pb2.ListDevicesRequest(page_size=2), timeout=5)
+    assert [d.spec.device_id for d in first.devices] == ["a/0", "a/1"]
+    assert first.next_page_token == "a/1"
+    second = stub.ListDevices(
+        tracker_pb2.ListDevicesRequest(page_size=2, page_token=first.next_page_token), timeout=5
+    )
+    assert [d.spec.device_id for d in second.devices] == ["a/10", "a/100"]
+    default = stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5)
+    assert len(default.devices) == 500 and default.next_page_token
+    last = stub.ListDevices(
+        tracker_pb2.ListDevicesRequest(page_size=1000, page_token="c/5"), timeout=5
+    )
+    assert last.next_page_token == ""
+    with pytest.raises(grpc.RpcError) as error:
+        stub.ListDevices(tracker_pb2.ListDevicesRequest(page_size=-1), timeout=5)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    client = TrackerClient(tracker.address)
+    try:
+        ids = [d.spec.device_id for d in client.list_devices().devices]
+    finally:
+        client.close()
+    assert len(ids) == 600 == len(set(ids)) and ids == sorted(ids)
+
+
+def test_register_answers_a_fence_floor_per_device(stub: Any) -> None:
+    register(stub, n=2)
+    lease = acquire(stub, key="x86").lease
+    floors = stub.Register(
+        tracker_pb2.RegisterRequest(
+            agent_id="agent-1",
+            agent_address="127.0.0.1:7000",
+            devices=[common_pb2.DeviceSpec(key="x86", tags={"arch": "x86_64"})] * 2,
+        ),
+        timeout=5,
+    ).fence_floors
+    held = lease.device.device_id
+    other = ({"agent-1/0", "agent-1/1"} - {held}).pop()
+    # The lease that survives the re-register keeps its fence valid; the free device's floor is
+    # above every fence granted on it before.
+    assert floors[held] == lease.fence
+    assert floors[other] > lease.fence

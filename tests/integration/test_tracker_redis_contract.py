@@ -454,3 +454,19 @@ def test_a_restarted_tracker_does_not_count_its_downtime_as_agent_silence(store_
     finally:
         second.close()
         second_store.close()
+
+
+def test_devices_read_in_pages_by_id_with_each_lease_fence(store: TrackerStore) -> None:
+    store.register(registration("a", *["k"] * 5, "j"), T0)
+    lease = grant(store, "l1", key="k")
+    assert lease is not None
+    ids = [f"a/{i}" for i in range(5)]
+    first = store.devices("k", limit=2)
+    assert [r.spec.device_id for r in first] == ids[:2]
+    rest = store.devices("k", after=first[-1].spec.device_id, limit=10)
+    assert [r.spec.device_id for r in rest] == ids[2:]
+    assert store.devices("k", after=ids[-1]) == []
+    assert [r.spec.device_id for r in store.devices(after="a/4")] == ["a/5"]
+    fences = {r.spec.device_id: r.fence for r in store.devices()}
+    assert fences.pop(lease.device.device_id) == lease.fence > 0
+    assert set(fences.values()) == {0}

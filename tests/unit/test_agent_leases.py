@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from device_agent.leases import AcceptAllLeases, FencingLeases
+from device_agent.leases import AcceptAllLeases, FencingLeases, LeaseCheck
 from protos.fencing import LeaseClaims, sign
 
 KEY = b"k" * 32
@@ -20,8 +20,9 @@ def leases(now: float = NOW, leeway_s: float = 2.0) -> FencingLeases:
     return FencingLeases(KEY, leeway_s, clock=lambda: now)
 
 
-def test_a_valid_token_passes() -> None:
-    assert leases().check(DEVICE, "L1", token()) is None
+def test_a_valid_token_passes_with_the_time_it_has_left() -> None:
+    check = leases(leeway_s=2.0).check(DEVICE, "L1", token(expires=NOW + 30))
+    assert check.refusal is None and check.remaining_s == pytest.approx(32.0)
 
 
 @pytest.mark.parametrize(
@@ -38,26 +39,30 @@ def test_a_valid_token_passes() -> None:
 def test_forged_or_foreign_tokens_are_refused(
     lease_id: str, device_id: str, tok: str, reason: str
 ) -> None:
-    why = leases().check(device_id, lease_id, tok)
+    why = leases().check(device_id, lease_id, tok).refusal
     assert why is not None and reason in why and lease_id in why
 
 
 def test_expiry_honours_the_leeway() -> None:
     tok = token(expires=NOW - 1.0)
-    assert leases(leeway_s=2.0).check(DEVICE, "L1", tok) is None
-    why = leases(leeway_s=0.5).check(DEVICE, "L1", tok)
+    within = leases(leeway_s=2.0).check(DEVICE, "L1", tok)
+    assert within.refusal is None and within.remaining_s == pytest.approx(1.0)
+    why = leases(leeway_s=0.5).check(DEVICE, "L1", tok).refusal
     assert why is not None and "expired" in why
+    at_the_end = leases(leeway_s=1.0).check(DEVICE, "L1", tok).refusal
+    assert at_the_end is not None and "no time left" in at_the_end
 
 
 def test_a_lower_fence_is_superseded_per_device() -> None:
     verifier = leases()
-    assert verifier.check(DEVICE, "new", token("new", fence=20)) is None
-    why = verifier.check(DEVICE, "old", token("old", fence=19))
+    assert verifier.check(DEVICE, "new", token("new", fence=20)).refusal is None
+    why = verifier.check(DEVICE, "old", token("old", fence=19)).refusal
     assert why is not None and "superseded by a newer lease" in why
     # The same fence again (a renewal) and another device's lower fence are fine.
-    assert verifier.check(DEVICE, "new", token("new", fence=20)) is None
-    assert verifier.check("agent-1/1", "other", token("other", "agent-1/1", fence=5)) is None
+    assert verifier.check(DEVICE, "new", token("new", fence=20)).refusal is None
+    other = token("other", "agent-1/1", fence=5)
+    assert verifier.check("agent-1/1", "other", other).refusal is None
 
 
-def test_accept_all_is_dev_mode() -> None:
-    assert AcceptAllLeases().check(DEVICE, "", "") is None
+def test_accept_all_is_dev_mode_with_no_end() -> None:
+    assert AcceptAllLeases().check(DEVICE, "", "") == LeaseCheck()

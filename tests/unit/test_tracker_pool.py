@@ -16,6 +16,7 @@ from tracker.errors import InvalidArgument, LeaseLost
 from tracker.model import AcquireResult, DeviceSpec, DeviceState, Lease, LeaseRequest
 from tracker.pool import DevicePool
 from tracker.store.memory import MemoryStore
+from tracker.waitqueue import Waiter
 
 # No startup grace: these pools are not restarts, so an unknown selector fails fast at once.
 CONFIG = TrackerConfig(
@@ -225,11 +226,11 @@ class SlowLookupStore(MemoryStore):
         self.entered = threading.Event()
         self.go = threading.Event()
 
-    def devices(self, key: str = "") -> list[Any]:
+    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[Any]:
         if key == "slow":
             self.entered.set()
             self.go.wait(WAIT_S)
-        return super().devices(key)
+        return super().devices(key, after, limit)
 
 
 def test_the_check_at_the_end_of_the_grace_does_not_stall_other_waiters(clock: FakeClock) -> None:
@@ -568,3 +569,50 @@ def test_renew_issues_a_fresh_token_with_the_same_fence(pool: DevicePool, clock:
         str(lease.fence),
         str(round(renewed.expires_at_unix * 1000)),
     ]
+
+
+def waiting_for(pool: DevicePool, user: str) -> Waiter:
+    """start_acquire's queued Waiter: nothing waits on it until the test looks."""
+    started = pool.start_acquire(LeaseRequest(key="k", user=user, timeout_s=60))
+    assert isinstance(started, Waiter), started
+    return started
+
+
+def test_a_queued_waiter_holds_no_thread_and_its_future_completes_on_a_grant(
+    pool: DevicePool,
+) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    held = take(pool, key="k")
+    waiter = waiting_for(pool, "w")
+    assert not waiter.future.done() and pool.waiting == 1
+    pool.release(held.lease_id)
+    assert waiter.future.done()  # completed by the releasing call's dispatch, on this thread
+    result = pool.finish(waiter)
+    assert result.lease is not None and result.lease.user == "w"
+    assert pool.waiting == 0
+
+
+def test_abandon_drops_the_waiter_and_releases_a_lease_granted_in_the_race(
+    pool: DevicePool,
+) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    held = take(pool, key="k")
+    ghost = waiting_for(pool, "ghost")
+    following = waiting_for(pool, "next")
+    pool.release(held.lease_id)  # granted to the ghost, whose client is already gone
+    assert ghost.lease is not None
+    assert pool.abandon(ghost).reason == pool_module.REASON_CANCELLED
+    assert following.future.done()
+    result = pool.finish(following)
+    assert result.lease is not None and result.lease.user == "next"
+    with pytest.raises(LeaseLost, match="lease released"):
+        pool.renew(ghost.lease.lease_id)
+
+
+def test_close_completes_the_futures_of_waiters(pool: DevicePool) -> None:
+    register(pool, "a", DeviceSpec("", "k"))
+    take(pool, key="k")
+    waiter = waiting_for(pool, "w")
+    pool.close()
+    assert waiter.future.done()
+    assert pool.finish(waiter).reason == pool_module.REASON_SHUTTING_DOWN

@@ -132,8 +132,9 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def devices(self, key: str = "") -> list[DeviceRecord]:
-        """Every known device with `key` ("" = all), LOST ones included, sorted by device_id."""
+    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
+        """Known devices with `key` ("" = all), LOST ones included, sorted by device_id: those
+        whose id sorts after `after` ("" = from the first), at most `limit` (0 = all)."""
 
     @abc.abstractmethod
     def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:

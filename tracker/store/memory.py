@@ -215,13 +215,17 @@ class MemoryStore(base.TrackerStore):
                 tuple(agents), tuple(lost), tuple(ended), tuple(pruned), tuple(dropped)
             )
 
-    def devices(self, key: str = "") -> list[DeviceRecord]:
+    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
         with self._lock:
-            records = []
+            records: list[DeviceRecord] = []
             for device_id in sorted(self._devices):
+                if device_id <= after:
+                    continue
                 device = self._devices[device_id]
                 if key and device.spec.key != key:
                     continue
+                if limit and len(records) >= limit:
+                    break
                 agent = self._agents[device.agent_id]
                 lease = self._leases.get(device.lease_id) if device.lease_id else None
                 if agent.expired:
@@ -231,7 +235,10 @@ class MemoryStore(base.TrackerStore):
                 else:
                     state = DeviceState.FREE
                 holder = lease.user if lease is not None else ""
-                records.append(DeviceRecord(device.spec, state, holder, agent.last_heartbeat_unix))
+                fence = lease.fence if lease is not None else 0
+                records.append(
+                    DeviceRecord(device.spec, state, holder, agent.last_heartbeat_unix, fence)
+                )
             return records
 
     def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:

@@ -283,11 +283,14 @@ class RedisStore(base.TrackerStore):
         return ExpiryReport(agents, lost, ended, pruned, dropped)
 
     @_unavailable
-    def devices(self, key: str = "") -> list[DeviceRecord]:
+    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
         records = []
-        for spec, state, heartbeat, holder in json.loads(self._run("devices", key)):
+        reply = self._run("devices", key, f"({after}" if after else "-", limit)
+        for spec, state, heartbeat, holder, fence in json.loads(reply):
             records.append(
-                DeviceRecord(_spec_of(spec), DeviceState(state), holder, float(heartbeat))
+                DeviceRecord(
+                    _spec_of(spec), DeviceState(state), holder, float(heartbeat), int(fence)
+                )
             )
         return records
 

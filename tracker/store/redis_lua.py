@@ -348,12 +348,19 @@ return {agents, lost, ended, pruned, dropped}
 """
 )
 
-# ARGV: P, key ('' = all) -> JSON [[spec, 'free'|'leased'|'lost', last heartbeat, holder], ...]
+# ARGV: P, key ('' = all), after ('-' = from the first, '(<id>' = ids after <id>), limit (0 = all)
+#   -> JSON [[spec, 'free'|'leased'|'lost', last heartbeat, holder, lease fence or 0], ...]
 # (one JSON string: decoding one bulk reply is far faster in Python than 4,000 small ones)
 DEVICES = _script(
     """
-local key = ARGV[2]
-local ids = redis.call('ZRANGE', key == '' and P .. 'devs' or P .. 'devs:' .. key, 0, -1)
+local key, after, limit = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local zset = key == '' and P .. 'devs' or P .. 'devs:' .. key
+local ids
+if limit > 0 then
+  ids = redis.call('ZRANGEBYLEX', zset, after, '+', 'LIMIT', 0, limit)
+else
+  ids = redis.call('ZRANGEBYLEX', zset, after, '+')
+end
 local agents = {}
 local out = {}
 for i, id in ipairs(ids) do
@@ -364,11 +371,14 @@ for i, id in ipairs(ids) do
     agents[d[2]] = a
   end
   local state = a[1] == 'dead' and 'lost' or (d[3] and 'leased' or 'free')
-  local holder = ''
-  if d[3] then holder = redis.call('HGET', P .. 'lease:' .. d[3], 'user') or '' end
+  local holder, fence = '', '0'
+  if d[3] then
+    local l = redis.call('HMGET', P .. 'lease:' .. d[3], 'user', 'fence')
+    holder, fence = l[1] or '', l[2] or '0'
+  end
   -- The spec is JSON already: splice it in rather than decode and encode it again.
   out[i] = '[' .. d[1] .. ',"' .. state .. '",' .. cjson.encode(a[2]) .. ','
-    .. cjson.encode(holder) .. ']'
+    .. cjson.encode(holder) .. ',' .. fence .. ']'
 end
 return '[' .. table.concat(out, ',') .. ']'
 """

@@ -48,6 +48,11 @@ def read_client_token(path: str) -> str:
     raise SecretsError(f"{path} has no 'client' (or 'admin') token")
 
 
+# 1,000 pages of 500 devices: far more than any pool; the bound keeps a misbehaving tracker that
+# never ends its pages from looping a client forever.
+MAX_LIST_PAGES = 1000
+
+
 class TrackerClient:
     """A channel to one tracker and the calls the tuner makes on it.
 
@@ -151,15 +156,25 @@ class TrackerClient:
     def list_devices(self, key: str = "") -> tracker_pb2.ListDevicesResponse:
         """Every device with `key` ("" = all), with state, holder, heartbeat age, queue depth.
 
+        The tracker answers in pages; this follows them (at most MAX_LIST_PAGES) into one
+        response sorted by device id.
+
         Raises:
             grpc.RpcError: the call failed.
         """
-        response: tracker_pb2.ListDevicesResponse = self._stub.ListDevices(
-            tracker_pb2.ListDevicesRequest(key=key),
-            timeout=CONTROL_RPC_TIMEOUT_S,
-            metadata=self._metadata,
-        )
-        return response
+        listing = tracker_pb2.ListDevicesResponse()
+        token = ""
+        for _ in range(MAX_LIST_PAGES):
+            page: tracker_pb2.ListDevicesResponse = self._stub.ListDevices(
+                tracker_pb2.ListDevicesRequest(key=key, page_token=token),
+                timeout=CONTROL_RPC_TIMEOUT_S,
+                metadata=self._metadata,
+            )
+            listing.devices.extend(page.devices)
+            token = page.next_page_token
+            if not token:
+                break
+        return listing
 
     def close(self) -> None:
         """Close the channel."""
