@@ -350,7 +350,9 @@ class Agent:
         try:
             return self._executors[device_id]
         except KeyError:
-            raise UnknownDeviceError(f"no device {device_id!r} on agent {self.agent_id}") from None
+            raise UnknownDeviceError(
+                f"no device {device_id!r:.80} on agent {self.agent_id}"
+            ) from None
 
     def _admit(self, device_id: str, lease_id: str, lease_token: str) -> Admission:
         check = self._leases.check(device_id, lease_id, lease_token)

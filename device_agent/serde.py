@@ -164,6 +164,10 @@ def ndarray_to_pb(array: np.ndarray) -> common_pb2.NDArray:
     )
 
 
+# numpy's own limit is 64; no kernel takes more than a handful.
+MAX_ARRAY_DIMS = 32
+
+
 def ndarray_from_pb(pb: common_pb2.NDArray) -> np.ndarray:
     """The array (raises InvalidRequestError when dtype, shape and data disagree)."""
     plain = plain_dtype(pb.dtype)
@@ -171,6 +175,10 @@ def ndarray_from_pb(pb: common_pb2.NDArray) -> np.ndarray:
         raise InvalidRequestError(f"array dtype {pb.dtype!r:.40} is not a number or bool type")
     dtype = plain.newbyteorder("<")
     shape = tuple(pb.shape)
+    if len(shape) > MAX_ARRAY_DIMS:
+        raise InvalidRequestError(
+            f"array of {len(shape)} dimensions: at most {MAX_ARRAY_DIMS} are supported"
+        )
     if any(d < 0 for d in shape) or len(pb.data) != math.prod(shape) * dtype.itemsize:
         raise InvalidRequestError(
             f"array of {dtype.name}{list(shape)} cannot hold {len(pb.data)} bytes"
