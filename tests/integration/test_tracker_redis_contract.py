@@ -349,6 +349,25 @@ def test_grant_leaves_a_queued_request_only_what_it_would_not_take(store: Tracke
     assert higher is not None and higher.device.device_id == "a/0"
 
 
+def test_many_waiters_on_a_busy_key_neither_block_another_key_nor_lose_their_order(
+    store: TrackerStore,
+) -> None:
+    store.register(registration("a", "k", "k", "j"), T0)
+    assert grant(store, "held0", key="k") is not None
+    assert grant(store, "held1", key="k") is not None
+    tickets = [enqueue(store, f"w{i}", key="k") for i in range(50)]
+    other = grant(store, "J", key="j")  # 50 waiters ahead, none of which could take a/2
+    assert other is not None and other.device.device_id == "a/2"
+    store.release("held0", T0)
+    assert grant(store, "x", ticket=tickets[1], key="k") is None  # w0's device
+    store.release("held1", T0)
+    assert grant(store, "y", ticket=tickets[2], key="k") is None  # w1's now
+    first = grant(store, "z0", ticket=tickets[0], key="k")
+    second = grant(store, "z1", ticket=tickets[1], key="k")
+    assert first is not None and second is not None
+    assert {first.device.device_id, second.device.device_id} == {"a/0", "a/1"}
+
+
 def test_expired_queue_entries_stop_blocking_and_are_swept(store: TrackerStore) -> None:
     store.register(registration("a", "k"), T0)
     enqueue(store, "dead-tracker", key="k")

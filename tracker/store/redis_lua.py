@@ -224,7 +224,12 @@ local function first_free(key, tags, claimed)
 end
 
 local claimed = {}
+-- No free device matches even before anyone ahead claims one: nothing to grant, and no need to
+-- read the queue (a dispatch offering a busy key to its waiters stops here).
+if not first_free(req.key, req.tags, claimed) then return false end
 if redis.call('HLEN', P .. 'q') > 0 then
+  -- Only entries ahead whose claims could take a device this request could take matter: one
+  -- with another key claims from a disjoint set, so it is skipped before sorting.
   local ahead = {}
   local flat = redis.call('HGETALL', P .. 'q')
   for i = 1, #flat, 2 do
@@ -236,17 +241,29 @@ if redis.call('HLEN', P .. 'q') > 0 then
       else
         before = e.p > tprio or (e.p == tprio and e.s < tseq)
       end
-      if before then table.insert(ahead, e) end
+      if before then
+        e.r = cjson.decode(e.r)
+        if req.key == '' or e.r.key == '' or e.r.key == req.key then table.insert(ahead, e) end
+      end
     end
   end
   table.sort(ahead, function(a, b)
     if a.p ~= b.p then return a.p > b.p end
     return a.s < b.s
   end)
+  -- Once an entry of a shape (key, no tags) found nothing, later ones of that shape find nothing
+  -- either (claims only grow): 500 waiters on one key cost one ZRANGE, not 500.
+  local exhausted = {}
   for _, e in ipairs(ahead) do
-    local r = cjson.decode(e.r)
-    local id = first_free(r.key, r.tags, claimed)
-    if id then claimed[id] = true end
+    local plain = next(e.r.tags) == nil
+    if not (plain and exhausted[e.r.key]) then
+      local id = first_free(e.r.key, e.r.tags, claimed)
+      if id then
+        claimed[id] = true
+      elseif plain then
+        exhausted[e.r.key] = true
+      end
+    end
   end
 end
 local id = first_free(req.key, req.tags, claimed)
