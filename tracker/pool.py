@@ -41,7 +41,6 @@ from tracker.model import (
     AcquireResult,
     DevicePage,
     DeviceSpec,
-    DeviceState,
     DeviceStatus,
     ExpiryReport,
     Lease,
@@ -460,20 +459,22 @@ class DevicePool:
             _LOG.warning("dispatch stopped: %s", error)
 
     def _no_device(self, request: LeaseRequest) -> str:
-        matching = [r for r in self._store.devices(request.key) if request.matches(r.spec)]
-        live = sum(1 for r in matching if r.state is not DeviceState.LOST)
+        """Why `request` got no device. Live devices are looked at first; LOST ones (a pool may
+        hold thousands of a dead rack's) only when no live device matches."""
+        live = sum(1 for r in self._store.live_devices(request.key) if request.matches(r.spec))
         if live:
             return f"all {live} matching devices busy"
-        if matching:
-            return (
-                f"no live device matches {_wanted(request)}: "
-                f"all {len(matching)} matching devices lost"
-            )
+        lost = sum(1 for r in self._store.devices(request.key) if request.matches(r.spec))
+        if lost:
+            return f"no live device matches {_wanted(request)}: all {lost} matching devices lost"
         return _no_registered(request)
 
     def _unregistered(self, request: LeaseRequest) -> str:
-        """The NO_DEVICE reason when no known device (in any state) matches `request`, else ""."""
-        if any(request.matches(record.spec) for record in self._store.devices(request.key)):
+        """The NO_DEVICE reason when no known device (in any state) matches `request`, else "".
+        LOST devices are looked at only when no live device matches."""
+        if any(request.matches(r.spec) for r in self._store.live_devices(request.key)):
+            return ""
+        if any(request.matches(r.spec) for r in self._store.devices(request.key)):
             return ""
         return _no_registered(request)
 

@@ -489,3 +489,13 @@ def test_devices_read_in_pages_by_id_with_each_lease_fence(store: TrackerStore) 
     fences = {r.spec.device_id: r.fence for r in store.devices()}
     assert fences.pop(lease.device.device_id) == lease.fence > 0
     assert set(fences.values()) == {0}
+
+
+def test_live_devices_leave_out_the_lost_ones(store: TrackerStore) -> None:
+    store.register(registration("live", "k", "j"), T0)
+    store.register(registration("dead", "k", "k"), T0 - 2 * AGENT_TIMEOUT_S)
+    store.expire(T0, AGENT_TIMEOUT_S, 3600.0)
+    assert {r.spec.device_id for r in store.live_devices()} == {"live/0", "live/1"}
+    [record] = store.live_devices("k")
+    assert (record.spec.device_id, record.state) == ("live/0", DeviceState.FREE)
+    assert len(store.devices("k")) == 3  # the lost ones are still known

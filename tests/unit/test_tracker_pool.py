@@ -616,3 +616,34 @@ def test_close_completes_the_futures_of_waiters(pool: DevicePool) -> None:
     pool.close()
     assert waiter.future.done()
     assert pool.finish(waiter).reason == pool_module.REASON_SHUTTING_DOWN
+
+
+class CountingStore(MemoryStore):
+    """Counts full device reads (LOST devices included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full_reads = 0
+
+    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[Any]:
+        self.full_reads += 1
+        return super().devices(key, after, limit)
+
+
+def test_no_device_looks_at_lost_devices_only_when_nothing_live_matches(clock: FakeClock) -> None:
+    store = CountingStore()
+    pool = DevicePool(store, CONFIG, clock=clock)
+    register(pool, "dead", *[DeviceSpec("", "k")] * 200)
+    clock.advance(CONFIG.agent_timeout_s + 1)
+    assert len(pool.reap().lost_devices) == 200
+    register(pool, "live", DeviceSpec("", "k"))
+    take(pool, key="k")
+    store.full_reads = 0
+    assert pool.acquire(LeaseRequest(key="k")).reason == "all 1 matching devices busy"
+    waited = pool.acquire(LeaseRequest(key="k", timeout_s=0.05))
+    assert waited.reason == "all 1 matching devices busy"
+    assert store.full_reads == 0  # neither answer read the 200 LOST devices
+    typo = pool.acquire(LeaseRequest(key="k", tag_selector={"board": "rk3399"}))
+    assert typo.reason.startswith("no registered device matches")
+    assert store.full_reads == 1
+    pool.close()

@@ -137,6 +137,11 @@ class TrackerStore(abc.ABC):
         whose id sorts after `after` ("" = from the first), at most `limit` (0 = all)."""
 
     @abc.abstractmethod
+    def live_devices(self, key: str = "") -> list[DeviceRecord]:
+        """The devices with `key` ("" = all) of live agents, in no particular order: what a
+        NO_DEVICE answer looks at first, without touching the LOST ones."""
+
+    @abc.abstractmethod
     def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
         """Queue `request` (its request_id MUST be set) until `now_unix + ttl_s`.
 

@@ -226,20 +226,31 @@ class MemoryStore(base.TrackerStore):
                     continue
                 if limit and len(records) >= limit:
                     break
-                agent = self._agents[device.agent_id]
-                lease = self._leases.get(device.lease_id) if device.lease_id else None
-                if agent.expired:
-                    state = DeviceState.LOST
-                elif lease is not None:
-                    state = DeviceState.LEASED
-                else:
-                    state = DeviceState.FREE
-                holder = lease.user if lease is not None else ""
-                fence = lease.fence if lease is not None else 0
-                records.append(
-                    DeviceRecord(device.spec, state, holder, agent.last_heartbeat_unix, fence)
-                )
+                records.append(self._record(device))
             return records
+
+    def live_devices(self, key: str = "") -> list[DeviceRecord]:
+        with self._lock:
+            return [
+                self._record(device)
+                for agent in self._agents.values()
+                if not agent.expired
+                for device in map(self._devices.__getitem__, agent.device_ids)
+                if not key or device.spec.key == key
+            ]
+
+    def _record(self, device: _Device) -> DeviceRecord:
+        agent = self._agents[device.agent_id]
+        lease = self._leases.get(device.lease_id) if device.lease_id else None
+        if agent.expired:
+            state = DeviceState.LOST
+        elif lease is not None:
+            state = DeviceState.LEASED
+        else:
+            state = DeviceState.FREE
+        holder = lease.user if lease is not None else ""
+        fence = lease.fence if lease is not None else 0
+        return DeviceRecord(device.spec, state, holder, agent.last_heartbeat_unix, fence)
 
     def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
         if not request.request_id:

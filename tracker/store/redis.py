@@ -171,6 +171,7 @@ class RedisStore(base.TrackerStore):
             "renew_or_release": redis_lua.RENEW_OR_RELEASE,
             "expire": redis_lua.EXPIRE,
             "devices": redis_lua.DEVICES,
+            "live_devices": redis_lua.LIVE_DEVICES,
             "enqueue": redis_lua.ENQUEUE,
             "dequeue": redis_lua.DEQUEUE,
         }
@@ -284,15 +285,11 @@ class RedisStore(base.TrackerStore):
 
     @_unavailable
     def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
-        records = []
-        reply = self._run("devices", key, f"({after}" if after else "-", limit)
-        for spec, state, heartbeat, holder, fence in json.loads(reply):
-            records.append(
-                DeviceRecord(
-                    _spec_of(spec), DeviceState(state), holder, float(heartbeat), int(fence)
-                )
-            )
-        return records
+        return _records(self._run("devices", key, f"({after}" if after else "-", limit))
+
+    @_unavailable
+    def live_devices(self, key: str = "") -> list[DeviceRecord]:
+        return _records(self._run("live_devices", key))
 
     @_unavailable
     def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
@@ -378,3 +375,11 @@ class RedisStore(base.TrackerStore):
         if self._watcher is not None:
             self._watcher.join(_WATCH_POLL_S + _SOCKET_TIMEOUT_S)
         self._redis.close()
+
+
+def _records(reply: str) -> list[DeviceRecord]:
+    """The DeviceRecords of a device_rows reply (see redis_lua)."""
+    return [
+        DeviceRecord(_spec_of(spec), DeviceState(state), holder, float(heartbeat), int(fence))
+        for spec, state, heartbeat, holder, fence in json.loads(reply)
+    ]

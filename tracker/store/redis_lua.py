@@ -365,11 +365,41 @@ return {agents, lost, ended, pruned, dropped}
 """
 )
 
+# The rows of DEVICES and LIVE_DEVICES: JSON [[spec, 'free'|'leased'|'lost', last heartbeat,
+# holder, lease fence or 0], ...] for `ids`, keeping only devices with `key` ('' = all). One JSON
+# string: decoding one bulk reply is far faster in Python than 4,000 small ones.
+_DEVICE_ROWS = """
+local function device_rows(ids, key)
+  local agents = {}
+  local out = {}
+  for _, id in ipairs(ids) do
+    local d = redis.call('HMGET', P .. 'dev:' .. id, 'spec', 'agent', 'lease', 'key')
+    if d[1] and (key == '' or d[4] == key) then
+      local a = agents[d[2]]
+      if a == nil then
+        a = {alive(d[2]) and 'alive' or 'dead', redis.call('HGET', P .. 'agent:' .. d[2], 'hb')}
+        agents[d[2]] = a
+      end
+      local state = a[1] == 'dead' and 'lost' or (d[3] and 'leased' or 'free')
+      local holder, fence = '', '0'
+      if d[3] then
+        local l = redis.call('HMGET', P .. 'lease:' .. d[3], 'user', 'fence')
+        holder, fence = l[1] or '', l[2] or '0'
+      end
+      -- The spec is JSON already: splice it in rather than decode and encode it again.
+      table.insert(out, '[' .. d[1] .. ',"' .. state .. '",' .. cjson.encode(a[2]) .. ','
+        .. cjson.encode(holder) .. ',' .. fence .. ']')
+    end
+  end
+  return '[' .. table.concat(out, ',') .. ']'
+end
+"""
+
 # ARGV: P, key ('' = all), after ('-' = from the first, '(<id>' = ids after <id>), limit (0 = all)
-#   -> JSON [[spec, 'free'|'leased'|'lost', last heartbeat, holder, lease fence or 0], ...]
-# (one JSON string: decoding one bulk reply is far faster in Python than 4,000 small ones)
+#   -> device_rows of those ids, sorted by id
 DEVICES = _script(
-    """
+    _DEVICE_ROWS
+    + """
 local key, after, limit = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local zset = key == '' and P .. 'devs' or P .. 'devs:' .. key
 local ids
@@ -378,26 +408,21 @@ if limit > 0 then
 else
   ids = redis.call('ZRANGEBYLEX', zset, after, '+')
 end
-local agents = {}
-local out = {}
-for i, id in ipairs(ids) do
-  local d = redis.call('HMGET', P .. 'dev:' .. id, 'spec', 'agent', 'lease')
-  local a = agents[d[2]]
-  if a == nil then
-    a = {alive(d[2]) and 'alive' or 'dead', redis.call('HGET', P .. 'agent:' .. d[2], 'hb')}
-    agents[d[2]] = a
+return device_rows(ids, '')
+"""
+)
+
+# ARGV: P, key ('' = all) -> device_rows of the live agents' devices with that key
+LIVE_DEVICES = _script(
+    _DEVICE_ROWS
+    + """
+local ids = {}
+for _, agent in ipairs(redis.call('ZRANGE', P .. 'alive', 0, -1)) do
+  for _, id in ipairs(list_of(redis.call('HGET', P .. 'agent:' .. agent, 'devices'))) do
+    table.insert(ids, id)
   end
-  local state = a[1] == 'dead' and 'lost' or (d[3] and 'leased' or 'free')
-  local holder, fence = '', '0'
-  if d[3] then
-    local l = redis.call('HMGET', P .. 'lease:' .. d[3], 'user', 'fence')
-    holder, fence = l[1] or '', l[2] or '0'
-  end
-  -- The spec is JSON already: splice it in rather than decode and encode it again.
-  out[i] = '[' .. d[1] .. ',"' .. state .. '",' .. cjson.encode(a[2]) .. ','
-    .. cjson.encode(holder) .. ',' .. fence .. ']'
 end
-return '[' .. table.concat(out, ',') .. ']'
+return device_rows(ids, ARGV[2])
 """
 )
 
