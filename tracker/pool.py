@@ -100,6 +100,9 @@ class DevicePool:
         self._issue_token = issue_token or ephemeral_issuer()
         self._new_lease_id = new_lease_id
         self._lock = threading.Lock()
+        self._dispatch_guard = threading.Lock()
+        self._dispatching = False
+        self._dispatch_again = False
         self._queue = WaitQueue()
         self._closed = False
         self._grace_ends = time.monotonic() + config.startup_grace_s
@@ -313,8 +316,16 @@ class DevicePool:
             self._dispatch()
             return ReleaseResult(False, lost.reason)
         _LOG.debug("lease %s on %s released", lease_id, lease.device.device_id)
-        self._dispatch()
+        if self._wanted_here(lease.device):
+            self._dispatch()
         return ReleaseResult(True)
+
+    def _wanted_here(self, device: DeviceSpec) -> bool:
+        """Whether a waiter of this process could take `device` (others learn of it through
+        store.watch): 16 clients releasing a free key's devices do not dispatch 500 waiters of
+        a busy one."""
+        with self._lock:
+            return any(waiter.request.matches(device) for waiter in self._queue)
 
     def list_devices(self, key: str = "") -> list[DeviceStatus]:
         """Every device with `key` ("" = all) with its state and the queued requests (of every
@@ -423,18 +434,46 @@ class DevicePool:
             self._dispatch_locked()
             return waiter
 
-    def _on_store_change(self) -> None:
-        with self._lock:
-            if len(self._queue) and not self._closed:
-                self._dispatch_locked()
+    def _on_store_change(self, freed_key: str | None = None) -> None:
+        if self._closed:
+            return
+        if freed_key is not None:
+            with self._lock:
+                if not any(w.request.key in ("", freed_key) for w in self._queue):
+                    return  # a device no waiter here could take
+        self._dispatch()
 
     def _announce_queue_change(self) -> None:
         """A request left the queue: waiters it blocked (here) may now be served."""
         self._dispatch()
 
     def _dispatch(self) -> None:
-        with self._lock:
-            self._dispatch_locked()
+        """Offer free devices to the waiters; one thread at a time, the others do not wait.
+
+        Every release, register and store event asks for a dispatch, and each costs the store a
+        grant attempt per waiting shape (a round trip to Redis). Asked while one runs, a dispatch
+        only marks the pool dirty and returns: the running one goes round again. So callers never
+        queue on the pool lock behind each other's round trips, and a burst of releases costs a
+        few dispatches, not one each.
+        """
+        with self._dispatch_guard:
+            if self._dispatching:
+                self._dispatch_again = True
+                return
+            self._dispatching = True
+        while True:
+            try:
+                with self._lock:
+                    self._dispatch_locked()
+            except BaseException:
+                with self._dispatch_guard:
+                    self._dispatching = self._dispatch_again = False
+                raise
+            with self._dispatch_guard:
+                if not self._dispatch_again:
+                    self._dispatching = False
+                    return
+                self._dispatch_again = False
 
     def _dispatch_locked(self) -> None:
         if not len(self._queue):

@@ -499,3 +499,31 @@ def test_live_devices_leave_out_the_lost_ones(store: TrackerStore) -> None:
     [record] = store.live_devices("k")
     assert (record.spec.device_id, record.state) == ("live/0", DeviceState.FREE)
     assert len(store.devices("k")) == 3  # the lost ones are still known
+
+
+@redis_only
+def test_the_queue_key_index_follows_every_queue_write_and_delete(
+    store_url: str, redis_server: RedisServer
+) -> None:
+    store = open_store(store_url)
+    prefix = store_url.split("prefix=")[1]
+    client = redis_server.client()
+
+    def index() -> dict[str, set[str]]:
+        keys = [str(k) for k in client.keys(f"{prefix}qk:*")]
+        return {k[len(prefix) + 3 :]: {str(m) for m in client.smembers(k)} for k in keys}
+
+    try:
+        store.register(registration("a", "k", "j"), T0)
+        granted = enqueue(store, "g", key="k")
+        enqueue(store, "d", key="j")
+        enqueue(store, "x", key="", now=T0 - QUEUE_TTL_S)  # already past its expiry at T0 + 1
+        store.keep_queued([(granted, LeaseRequest(key="k", request_id="g"))], T0, QUEUE_TTL_S)
+        assert index() == {"k": {"g"}, "j": {"d"}, "": {"x"}}
+        assert grant(store, "L", ticket=granted, key="k") is not None
+        store.dequeue("d")
+        store.expire(T0 + 1, AGENT_TIMEOUT_S)
+        assert index() == {}
+    finally:
+        store.close()
+        client.close()

@@ -167,9 +167,10 @@ class TrackerStore(abc.ABC):
     def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
         """Live queued requests of every replica, in service order."""
 
-    def watch(self, on_change: Callable[[], None]) -> None:
+    def watch(self, on_change: Callable[[str | None], None]) -> None:
         """Call `on_change` (from any thread) when another process may have freed a device or
-        left the queue, so waiters here get a chance at it.
+        left the queue, so waiters here get a chance at it: with the freed device's key when
+        that is all that changed, else None.
 
         A store that only one process uses (memory) never needs to call it; the default does
         nothing. Calls may be missed (the pool also re-dispatches on every reap).

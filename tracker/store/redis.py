@@ -321,7 +321,12 @@ class RedisStore(base.TrackerStore):
             for ticket, request in entries
         }
         if mapping:
-            self._redis.hset(self.prefix + "q", mapping=mapping)
+            # Entries and their key index in one round trip (see redis_lua: P qk:<key>).
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hset(self.prefix + "q", mapping=mapping)
+            for ticket, request in entries:
+                pipe.sadd(f"{self.prefix}qk:{request.key}", ticket.request_id)
+            pipe.execute()
 
     @_unavailable
     def dequeue(self, request_id: str) -> None:
@@ -338,7 +343,7 @@ class RedisStore(base.TrackerStore):
         live.sort(key=lambda item: item[0].order)
         return live
 
-    def watch(self, on_change: Callable[[], None]) -> None:
+    def watch(self, on_change: Callable[[str | None], None]) -> None:
         """Listen on `<prefix>events` in a daemon thread and call `on_change` per message."""
         if self._watcher is not None:
             raise RuntimeError("RedisStore.watch may be called once")
@@ -347,17 +352,18 @@ class RedisStore(base.TrackerStore):
         )
         self._watcher.start()
 
-    def _watch(self, on_change: Callable[[], None]) -> None:
+    def _watch(self, on_change: Callable[[str | None], None]) -> None:
         pubsub = None
         while not self._stop.is_set():
             try:
                 if pubsub is None:
                     pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
                     pubsub.subscribe(self.prefix + "events")
-                    on_change()  # messages may have been missed while not subscribed
+                    on_change(None)  # messages may have been missed while not subscribed
                 message = pubsub.get_message(timeout=_WATCH_POLL_S)
                 if message is not None and message.get("type") == "message":
-                    on_change()
+                    data = _text(message.get("data", ""))
+                    on_change(data[len("freed:") :] if data.startswith("freed:") else None)
             except (redis.ConnectionError, redis.TimeoutError, StoreUnavailable) as error:
                 _LOG.warning("store watch: redis %s unreachable (%s); retrying", self.url, error)
                 if pubsub is not None:

@@ -18,6 +18,9 @@ float Python computed; Lua only compares them. Layout under prefix P:
     P ended         hash  lease id -> reason it ended; P ended:order list bounds it
     P fences        hash  device id -> last fence granted
     P q             hash  request id -> JSON {r: request JSON, p: priority, s: seq, x: expiry}
+    P qk:<key>      set   ids of queued requests with that key ('' = any key): GRANT reads the
+                    queue only when its key's or the any-key set is not empty (a superset of the
+                    live entries: every write to P q adds, every delete removes)
     P seq           counter of queue tickets
     P events        pub/sub channel: "changed" when a device was freed or a request left the
                     queue while requests are queued
@@ -81,9 +84,11 @@ end
 
 -- Only waiters need waking, and every waiter is in the queue: with the queue empty, stay quiet.
 -- (A waiter queues first and then tries to grant, so a device freed before it queued is seen.)
-local function announce()
+-- With `key`, the change is a device of that key freed ("freed:<key>"): replicas with no waiter
+-- for it stay idle.
+local function announce(key)
   if redis.call('HLEN', P .. 'q') > 0 then
-    redis.call('PUBLISH', P .. 'events', 'changed')
+    redis.call('PUBLISH', P .. 'events', key and ('freed:' .. key) or 'changed')
   end
 end
 
@@ -227,7 +232,11 @@ local claimed = {}
 -- No free device matches even before anyone ahead claims one: nothing to grant, and no need to
 -- read the queue (a dispatch offering a busy key to its waiters stops here).
 if not first_free(req.key, req.tags, claimed) then return false end
-if redis.call('HLEN', P .. 'q') > 0 then
+-- Only queued requests of this key or of any key could claim these devices: when there are none,
+-- the queue is not read (16 clients on a free key do not decode 500 waiters of a busy one).
+local contended = req.key == '' or redis.call('SCARD', P .. 'qk:' .. req.key) > 0
+  or redis.call('SCARD', P .. 'qk:') > 0
+if contended and redis.call('HLEN', P .. 'q') > 0 then
   -- Only entries ahead whose claims could take a device this request could take matter: one
   -- with another key claims from a disjoint set, so it is skipped before sorting.
   local ahead = {}
@@ -280,7 +289,10 @@ redis.call('HSET', P .. 'lease:' .. lease_id, 'device', id, 'user', user, 'expir
 redis.call('ZADD', P .. 'leases', expires, lease_id)
 redis.call('HSET', dk, 'lease', lease_id)
 mark_busy(id, d[2])
-if rid ~= '' then redis.call('HDEL', P .. 'q', rid) end
+if rid ~= '' then
+  redis.call('HDEL', P .. 'q', rid)
+  redis.call('SREM', P .. 'qk:' .. req.key, rid)
+end
 return {id, d[1], fence}
 """
 )
@@ -293,15 +305,16 @@ local lease_id, now, new_expires = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local lk = P .. 'lease:' .. lease_id
 local l = redis.call('HMGET', lk, 'device', 'user', 'expires', 'fence')
 if not l[1] then return {'lost', ended_reason(lease_id)} end
+local freed = redis.call('HGET', P .. 'dev:' .. l[1], 'key')
 if tonumber(l[3]) <= now then
   end_lease(lease_id, '${expired}')
-  announce()
+  announce(freed)
   return {'lost', '${expired}'}
 end
 local spec = redis.call('HGET', P .. 'dev:' .. l[1], 'spec')
 if new_expires == '' then
   end_lease(lease_id, '${released}')
-  announce()
+  announce(freed)
   return {'ok', l[1], spec, l[4], l[2], l[3]}
 end
 redis.call('HSET', lk, 'expires', new_expires)
@@ -355,8 +368,10 @@ if retention >= 0 then
 end
 local flat = redis.call('HGETALL', P .. 'q')
 for i = 1, #flat, 2 do
-  if tonumber(cjson.decode(flat[i + 1]).x) <= now then
+  local e = cjson.decode(flat[i + 1])
+  if tonumber(e.x) <= now then
     redis.call('HDEL', P .. 'q', flat[i])
+    redis.call('SREM', P .. 'qk:' .. cjson.decode(e.r).key, flat[i])
     table.insert(dropped, flat[i])
   end
 end
@@ -366,29 +381,35 @@ return {agents, lost, ended, pruned, dropped}
 )
 
 # The rows of DEVICES and LIVE_DEVICES: JSON [[spec, 'free'|'leased'|'lost', last heartbeat,
-# holder, lease fence or 0], ...] for `ids`, keeping only devices with `key` ('' = all). One JSON
-# string: decoding one bulk reply is far faster in Python than 4,000 small ones.
+# holder, lease fence or 0], ...] for `ids`, keeping only devices with `key` ('' = all), and with
+# `live_only` only those of live agents (a LOST device costs one HGET, no row). One JSON string:
+# decoding one bulk reply is far faster in Python than 4,000 small ones.
 _DEVICE_ROWS = """
-local function device_rows(ids, key)
+local function device_rows(ids, key, live_only)
   local agents = {}
   local out = {}
   for _, id in ipairs(ids) do
-    local d = redis.call('HMGET', P .. 'dev:' .. id, 'spec', 'agent', 'lease', 'key')
-    if d[1] and (key == '' or d[4] == key) then
-      local a = agents[d[2]]
-      if a == nil then
-        a = {alive(d[2]) and 'alive' or 'dead', redis.call('HGET', P .. 'agent:' .. d[2], 'hb')}
-        agents[d[2]] = a
+    local dk = P .. 'dev:' .. id
+    local owner = redis.call('HGET', dk, 'agent')
+    local a = owner and agents[owner]
+    if owner and a == nil then
+      a = {alive(owner), redis.call('HGET', P .. 'agent:' .. owner, 'hb')}
+      agents[owner] = a
+    end
+    if a and (a[1] or not live_only) then
+      local d = redis.call('HMGET', dk, 'spec', 'lease', 'key')
+      local spec, lease, dkey = d[1], d[2], d[3]
+      if spec and (key == '' or dkey == key) then
+        local state = (not a[1]) and 'lost' or (lease and 'leased' or 'free')
+        local holder, fence = '', '0'
+        if lease then
+          local l = redis.call('HMGET', P .. 'lease:' .. lease, 'user', 'fence')
+          holder, fence = l[1] or '', l[2] or '0'
+        end
+        -- The spec is JSON already: splice it in rather than decode and encode it again.
+        table.insert(out, '[' .. spec .. ',"' .. state .. '",' .. cjson.encode(a[2]) .. ','
+          .. cjson.encode(holder) .. ',' .. fence .. ']')
       end
-      local state = a[1] == 'dead' and 'lost' or (d[3] and 'leased' or 'free')
-      local holder, fence = '', '0'
-      if d[3] then
-        local l = redis.call('HMGET', P .. 'lease:' .. d[3], 'user', 'fence')
-        holder, fence = l[1] or '', l[2] or '0'
-      end
-      -- The spec is JSON already: splice it in rather than decode and encode it again.
-      table.insert(out, '[' .. d[1] .. ',"' .. state .. '",' .. cjson.encode(a[2]) .. ','
-        .. cjson.encode(holder) .. ',' .. fence .. ']')
     end
   end
   return '[' .. table.concat(out, ',') .. ']'
@@ -408,21 +429,26 @@ if limit > 0 then
 else
   ids = redis.call('ZRANGEBYLEX', zset, after, '+')
 end
-return device_rows(ids, '')
+return device_rows(ids, '', false)
 """
 )
 
-# ARGV: P, key ('' = all) -> device_rows of the live agents' devices with that key
+# ARGV: P, key ('' = all) -> device_rows of the live agents' devices with that key: for a key,
+# its own index (skipping LOST devices before reading them); for all keys, the live agents' lists.
 LIVE_DEVICES = _script(
     _DEVICE_ROWS
     + """
+local key = ARGV[2]
+if key ~= '' then
+  return device_rows(redis.call('ZRANGE', P .. 'devs:' .. key, 0, -1), key, true)
+end
 local ids = {}
 for _, agent in ipairs(redis.call('ZRANGE', P .. 'alive', 0, -1)) do
   for _, id in ipairs(list_of(redis.call('HGET', P .. 'agent:' .. agent, 'devices'))) do
     table.insert(ids, id)
   end
 end
-return device_rows(ids, ARGV[2])
+return device_rows(ids, '', true)
 """
 )
 
@@ -443,6 +469,7 @@ end
 local seq = redis.call('INCR', P .. 'seq')
 local prio = tonumber(ARGV[4])
 redis.call('HSET', qk, rid, cjson.encode({r = ARGV[3], p = prio, s = seq, x = expires}))
+redis.call('SADD', P .. 'qk:' .. cjson.decode(ARGV[3]).key, rid)
 return {prio, seq}
 """
 )
@@ -450,7 +477,10 @@ return {prio, seq}
 # ARGV: P, request_id -> 1 | 0
 DEQUEUE = _script(
     """
-if redis.call('HDEL', P .. 'q', ARGV[2]) == 1 then
+local old = redis.call('HGET', P .. 'q', ARGV[2])
+if old then
+  redis.call('HDEL', P .. 'q', ARGV[2])
+  redis.call('SREM', P .. 'qk:' .. cjson.decode(cjson.decode(old).r).key, ARGV[2])
   announce()
   return 1
 end
