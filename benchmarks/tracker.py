@@ -41,6 +41,7 @@ import grpc  # noqa: E402
 
 from protos import common_pb2, tracker_pb2, tracker_pb2_grpc  # noqa: E402
 from tracker.testing import RedisServer, free_port  # noqa: E402
+from tuner.measure.tracker_client import TrackerClient  # noqa: E402
 
 KEY = "bench"
 START_TIMEOUT_S = 60.0
@@ -327,9 +328,11 @@ def _phases(
 
 
 def _count_devices(tracker: str) -> int:
-    with grpc.insecure_channel(tracker) as channel:
-        stub = tracker_pb2_grpc.TrackerStub(channel)
-        return len(stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=10).devices)
+    client = TrackerClient(tracker)  # follows ListDevices' pages
+    try:
+        return len(client.list_devices().devices)
+    finally:
+        client.close()
 
 
 def run_kiln(args: argparse.Namespace, store: str, workdir: Path, label: str) -> Result:
