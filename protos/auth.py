@@ -14,7 +14,7 @@ new file with random values and mode 0600.
 **Calls** carry `authorization: Bearer <token>` metadata. A server answers UNAUTHENTICATED when the
 token is missing or unknown and PERMISSION_DENIED when its role may not make that call.
 
-Servers enforce this with `AuthInterceptor` and a table of the roles allowed per method (the
+Servers enforce this with `AsyncAuthInterceptor` and a table of the roles allowed per method (the
 tracker's and the agent's tables live in their packages). The standard health service is exempt.
 
 **TLS**: servers take a certificate and key (and a client CA for mutual TLS); clients take the CA
@@ -242,31 +242,20 @@ RejectHook = Callable[[str, grpc.StatusCode], None]
 """Called with (method, code) for every rejected call, e.g. to count it."""
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Rejects calls whose bearer token is missing, unknown, or of a role the method does not allow.
+class RoleCheck:
+    """Decides whether a call's bearer token may call its method.
 
-    A missing or unknown token is answered UNAUTHENTICATED, a known token of the wrong role
-    PERMISSION_DENIED; each rejection is logged with the method, the peer and the role, never the
-    token.
+    A missing or unknown token is UNAUTHENTICATED, a known token of a role the method does not
+    allow PERMISSION_DENIED; the health service is exempt.
 
     Args:
         secrets: the pool secrets; their role tokens are the only ones accepted.
         method_roles: roles allowed per full method name; unlisted methods are admin-only.
-        on_reject: called with (method, code) for each rejected call.
-        log: where rejections are logged (the daemon's own logger, so its log names it).
     """
 
-    def __init__(
-        self,
-        secrets: PoolSecrets,
-        method_roles: MethodRoles,
-        on_reject: RejectHook | None = None,
-        log: logging.Logger = _LOG,
-    ) -> None:
+    def __init__(self, secrets: PoolSecrets, method_roles: MethodRoles) -> None:
         self._secrets = secrets
         self._method_roles = method_roles
-        self._on_reject = on_reject
-        self._log = log
 
     def check(
         self, method: str, metadata: object
@@ -290,32 +279,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
             role,
         )
 
-    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        """Pass allowed calls on; answer the others with a handler that logs and aborts."""
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        verdict = self.check(method, handler_call_details.invocation_metadata)
-        if verdict is None:
-            return handler
-        code, message, role = verdict
-        if self._on_reject is not None:
-            self._on_reject(method, code)
-
-        def reject(request: Any, context: Any) -> Any:
-            self._log.warning(
-                "rejected %s from %s: %s: %s (role %s)",
-                method,
-                context.peer(),
-                code.name,
-                message,
-                role.value if role else "none",
-            )
-            context.abort(code, message)
-
-        return _handler_like(handler, reject)
-
 
 def _handler_like(handler: Any, behavior: Callable[[Any, Any], Any]) -> Any:
     """A handler of the same streaming kind as `handler` that runs `behavior` on the raw request."""
@@ -329,9 +292,11 @@ def _handler_like(handler: Any, behavior: Callable[[Any, Any], Any]) -> Any:
 
 
 class AsyncAuthInterceptor(grpc.aio.ServerInterceptor):
-    """`AuthInterceptor`'s checks for the asyncio servers; rejections logged rate-limited.
+    """Rejects calls that `RoleCheck` refuses, for the grpc.aio servers.
 
-    A rejected call never has its request decoded: the rejecting handler takes raw bytes.
+    Each rejection is logged (rate-limited) with the method, the peer and the role, never the
+    token, and reported to `on_reject` as (method, code). A rejected call never has its request
+    decoded: the rejecting handler takes raw bytes.
     """
 
     def __init__(
@@ -341,7 +306,7 @@ class AsyncAuthInterceptor(grpc.aio.ServerInterceptor):
         on_reject: RejectHook | None = None,
         log: logging.Logger = _LOG,
     ) -> None:
-        self._checks = AuthInterceptor(secrets, method_roles, on_reject, log)
+        self._checks = RoleCheck(secrets, method_roles)
         self._log = RateLimitedLog(log)
         self._on_reject = on_reject
 

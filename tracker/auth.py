@@ -13,7 +13,6 @@ import logging
 
 from protos.auth import (
     AsyncAuthInterceptor,
-    AuthInterceptor,
     MethodRoles,
     PoolSecrets,
     RejectHook,
@@ -29,13 +28,6 @@ TRACKER_METHOD_ROLES: MethodRoles = {
         for name in ("Acquire", "Renew", "Release", "ListDevices")
     },
 }
-
-
-def tracker_interceptor(
-    secrets: PoolSecrets, on_reject: RejectHook | None = None
-) -> AuthInterceptor:
-    """The tracker's auth interceptor over `secrets`; `on_reject` counts rejections."""
-    return AuthInterceptor(secrets, TRACKER_METHOD_ROLES, on_reject, logging.getLogger(__name__))
 
 
 def async_tracker_interceptor(
