@@ -133,13 +133,7 @@ class DevicePool:
         if ended:
             _LOG.warning("re-register of %s ended leases %s", registration.agent_id, ended)
         self._dispatch()
-        ids = {spec.device_id for spec in registration.devices}
-        records = [
-            record
-            for key in sorted({spec.key for spec in registration.devices})
-            for record in self._store.devices(key)
-            if record.spec.device_id in ids
-        ]
+        records = self._store.devices_by_id([spec.device_id for spec in registration.devices])
         return Registered(self.config.heartbeat_interval_s, listing.fence_floors(records, now))
 
     def heartbeat(self, agent_id: str) -> bool:

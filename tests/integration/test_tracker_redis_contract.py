@@ -527,3 +527,13 @@ def test_the_queue_key_index_follows_every_queue_write_and_delete(
     finally:
         store.close()
         client.close()
+
+
+def test_devices_by_id_reads_just_those(store: TrackerStore) -> None:
+    store.register(registration("a", "k", "k", "j"), T0)
+    lease = grant(store, "L", key="j")
+    assert lease is not None
+    records = {r.spec.device_id: r for r in store.devices_by_id(["a/2", "a/0", "ghost"])}
+    assert set(records) == {"a/0", "a/2"}
+    assert records["a/2"].fence == lease.fence and records["a/0"].state is DeviceState.FREE
+    assert store.devices_by_id([]) == []

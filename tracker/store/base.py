@@ -137,6 +137,10 @@ class TrackerStore(abc.ABC):
         whose id sorts after `after` ("" = from the first), at most `limit` (0 = all)."""
 
     @abc.abstractmethod
+    def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+        """The known devices among `device_ids` (unknown ids left out), in no particular order."""
+
+    @abc.abstractmethod
     def live_devices(self, key: str = "") -> list[DeviceRecord]:
         """The devices with `key` ("" = all) of live agents, in no particular order: what a
         NO_DEVICE answer looks at first, without touching the LOST ones."""

@@ -229,6 +229,14 @@ class MemoryStore(base.TrackerStore):
                 records.append(self._record(device))
             return records
 
+    def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+        with self._lock:
+            return [
+                self._record(self._devices[device_id])
+                for device_id in device_ids
+                if device_id in self._devices
+            ]
+
     def live_devices(self, key: str = "") -> list[DeviceRecord]:
         with self._lock:
             return [

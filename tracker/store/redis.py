@@ -172,6 +172,7 @@ class RedisStore(base.TrackerStore):
             "expire": redis_lua.EXPIRE,
             "devices": redis_lua.DEVICES,
             "live_devices": redis_lua.LIVE_DEVICES,
+            "devices_by_id": redis_lua.DEVICES_BY_ID,
             "enqueue": redis_lua.ENQUEUE,
             "dequeue": redis_lua.DEQUEUE,
         }
@@ -286,6 +287,10 @@ class RedisStore(base.TrackerStore):
     @_unavailable
     def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
         return _records(self._run("devices", key, f"({after}" if after else "-", limit))
+
+    @_unavailable
+    def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+        return _records(self._run("devices_by_id", json.dumps(list(device_ids))))
 
     @_unavailable
     def live_devices(self, key: str = "") -> list[DeviceRecord]:

@@ -433,6 +433,14 @@ return device_rows(ids, '', false)
 """
 )
 
+# ARGV: P, JSON list of device ids -> device_rows of those that exist
+DEVICES_BY_ID = _script(
+    _DEVICE_ROWS
+    + """
+return device_rows(cjson.decode(ARGV[2]), '', false)
+"""
+)
+
 # ARGV: P, key ('' = all) -> device_rows of the live agents' devices with that key: for a key,
 # its own index (skipping LOST devices before reading them); for all keys, the live agents' lists.
 LIVE_DEVICES = _script(
