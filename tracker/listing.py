@@ -12,12 +12,11 @@ with 500 waiters on one key and 1,000 devices that is 1,000 matches instead of 5
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tracker.errors import InvalidArgument
-from tracker.model import DeviceRecord, DeviceSpec, DeviceState, DeviceStatus, LeaseRequest
-from tracker.store.base import next_fence
+from tracker.model import DeviceRecord, DeviceSpec, DeviceState, DeviceStatus
+from tracker.store.base import Shape, next_fence
 
 DEFAULT_PAGE_SIZE = 500
 MAX_PAGE_SIZE = 1000
@@ -57,12 +56,10 @@ def next_page_token(records: Sequence[DeviceRecord], size: int) -> str:
 
 
 def statuses(
-    records: Sequence[DeviceRecord], queued: Iterable[LeaseRequest], now_unix: float
+    records: Sequence[DeviceRecord], shapes: Mapping[Shape, int], now_unix: float
 ) -> list[DeviceStatus]:
-    """ListDevices' rows for `records`, each with the number of `queued` requests it could serve."""
-    shapes: collections.Counter[tuple[str, tuple[tuple[str, str], ...]]] = collections.Counter(
-        (request.key, tuple(sorted(request.tag_selector.items()))) for request in queued
-    )
+    """ListDevices' rows for `records`, each with the number of queued requests it could serve
+    (`shapes`: the queued requests counted per shape, see TrackerStore.queued_shapes)."""
 
     def depth(spec: DeviceSpec) -> int:
         total = 0

@@ -326,8 +326,8 @@ class DevicePool:
         replica) it could serve."""
         now = self._clock()
         records = self._store.devices(key)
-        queued = [request for _, request in self._store.queued(now)] if records else []
-        return listing.statuses(records, queued, now)
+        shapes = self._store.queued_shapes(now) if records else {}
+        return listing.statuses(records, shapes, now)
 
     def list_page(self, key: str = "", page_size: int = 0, page_token: str = "") -> DevicePage:
         """One page of `list_devices`: at most `page_size` devices (0 = the default) after the
@@ -340,9 +340,9 @@ class DevicePool:
         after = listing.check_page_token(page_token)
         now = self._clock()
         records = self._store.devices(key, after, size + 1)
-        queued = [request for _, request in self._store.queued(now)] if records else []
+        shapes = self._store.queued_shapes(now) if records else {}
         return DevicePage(
-            listing.statuses(records[:size], queued, now),
+            listing.statuses(records[:size], shapes, now),
             listing.next_page_token(records, size),
         )
 

@@ -537,3 +537,15 @@ def test_devices_by_id_reads_just_those(store: TrackerStore) -> None:
     assert set(records) == {"a/0", "a/2"}
     assert records["a/2"].fence == lease.fence and records["a/0"].state is DeviceState.FREE
     assert store.devices_by_id([]) == []
+
+
+def test_queued_shapes_count_live_requests_per_key_and_selector(store: TrackerStore) -> None:
+    for i in range(3):
+        enqueue(store, f"k{i}", key="k")
+    enqueue(store, "arm", key="k", tag_selector={"arch": "arm", "board": "rk"})
+    enqueue(store, "arm2", key="k", tag_selector={"board": "rk", "arch": "arm"})
+    enqueue(store, "old", key="j", now=T0 - QUEUE_TTL_S)  # expired by T0 + 1
+    assert store.queued_shapes(T0 + 1) == {
+        ("k", ()): 3,
+        ("k", (("arch", "arm"), ("board", "rk"))): 2,
+    }

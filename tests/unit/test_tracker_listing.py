@@ -7,7 +7,7 @@ import pytest
 from tracker import listing
 from tracker.errors import InvalidArgument
 from tracker.model import DeviceRecord, DeviceSpec, DeviceState, LeaseRequest
-from tracker.store.base import next_fence
+from tracker.store.base import next_fence, shape_counts
 
 NOW = 2_000_000.0
 
@@ -42,7 +42,9 @@ def test_queue_depth_counts_each_request_that_could_take_the_device() -> None:
         LeaseRequest(key="other"),
         LeaseRequest(key="", tag_selector={"arch": "x86_64"}),
     ]
-    rows = listing.statuses([record("a/0"), record("a/1"), record("b/1", key="j")], queued, NOW)
+    shapes = shape_counts(queued)
+    assert shapes[("k", ())] == 500
+    rows = listing.statuses([record("a/0"), record("a/1"), record("b/1", key="j")], shapes, NOW)
     assert [row.queue_depth for row in rows] == [501, 501, 0]
     assert [row.heartbeat_age_s for row in rows] == [1.0, 1.0, 1.0]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from tracker.model import (
     DeviceRecord,
@@ -43,6 +43,19 @@ REASON_DEVICE_DROPPED = "device lost: agent re-registered without it"
 # Ended-lease reasons kept for Renew/Release answers. A holder asks again within seconds, so a
 # bounded memory is enough and a long-lived tracker does not grow without limit.
 MAX_ENDED_LEASES = 10_000
+
+
+Shape = tuple[str, tuple[tuple[str, str], ...]]
+"""A request's key and its tag selector as sorted pairs: requests alike for matching."""
+
+
+def shape_counts(requests: Iterable[LeaseRequest]) -> dict[Shape, int]:
+    """How many of `requests` there are per shape."""
+    counts: dict[Shape, int] = {}
+    for request in requests:
+        shape = (request.key, tuple(sorted(request.tag_selector.items())))
+        counts[shape] = counts.get(shape, 0) + 1
+    return counts
 
 
 def next_fence(now_unix: float, previous: int) -> int:
@@ -170,6 +183,11 @@ class TrackerStore(abc.ABC):
     @abc.abstractmethod
     def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
         """Live queued requests of every replica, in service order."""
+
+    def queued_shapes(self, now_unix: float) -> dict[Shape, int]:
+        """How many live queued requests there are per shape (key, sorted tag selector): what
+        ListDevices' queue depths need, without the requests themselves."""
+        return shape_counts(request for _, request in self.queued(now_unix))
 
     def watch(self, on_change: Callable[[str | None], None]) -> None:
         """Call `on_change` (from any thread) when another process may have freed a device or

@@ -173,6 +173,7 @@ class RedisStore(base.TrackerStore):
             "devices": redis_lua.DEVICES,
             "live_devices": redis_lua.LIVE_DEVICES,
             "devices_by_id": redis_lua.DEVICES_BY_ID,
+            "queued_shapes": redis_lua.QUEUED_SHAPES,
             "enqueue": redis_lua.ENQUEUE,
             "dequeue": redis_lua.DEQUEUE,
         }
@@ -347,6 +348,15 @@ class RedisStore(base.TrackerStore):
                 live.append((ticket, _request(entry["r"])))
         live.sort(key=lambda item: item[0].order)
         return live
+
+    @_unavailable
+    def queued_shapes(self, now_unix: float) -> dict[base.Shape, int]:
+        counts: dict[base.Shape, int] = {}
+        for key, tags, count in json.loads(self._run("queued_shapes", repr(now_unix))):
+            # cjson writes an empty selector as {} ... or [] when it decoded it as an array
+            shape = (str(key), tuple(sorted(dict(tags or {}).items())))
+            counts[shape] = counts.get(shape, 0) + int(count)
+        return counts
 
     def watch(self, on_change: Callable[[str | None], None]) -> None:
         """Listen on `<prefix>events` in a daemon thread and call `on_change` per message."""

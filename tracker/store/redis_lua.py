@@ -460,6 +460,34 @@ return device_rows(ids, '', true)
 """
 )
 
+# ARGV: P, now -> JSON [[key, tags, count], ...]: live queued requests counted per key and tag
+# selector (a shape may come in a few rows, one per order its tags were written in)
+QUEUED_SHAPES = _script(
+    """
+local now = tonumber(ARGV[2])
+local counts, shapes = {}, {}
+local flat = redis.call('HGETALL', P .. 'q')
+for i = 2, #flat, 2 do
+  local e = cjson.decode(flat[i])
+  if tonumber(e.x) > now then
+    local r = cjson.decode(e.r)
+    local tags = cjson.encode(r.tags)
+    local shape = r.key .. '\0' .. tags
+    if counts[shape] == nil then
+      counts[shape] = 0
+      table.insert(shapes, {shape, r.key, tags})
+    end
+    counts[shape] = counts[shape] + 1
+  end
+end
+local out = {}
+for i, s in ipairs(shapes) do
+  out[i] = '[' .. cjson.encode(s[2]) .. ',' .. s[3] .. ',' .. counts[s[1]] .. ']'
+end
+return '[' .. table.concat(out, ',') .. ']'
+"""
+)
+
 # ARGV: P, request_id, request JSON, priority, now, expiry -> {priority, seq}
 ENQUEUE = _script(
     """
