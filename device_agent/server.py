@@ -27,7 +27,7 @@ from device_agent.leases import LeaseVerifier
 from device_agent.registration import Registrar
 from device_agent.service import AgentServicer
 from protos import agent_pb2_grpc
-from protos.aio_loop import LoopThread
+from protos.aio_loop import LoopThread, bind_port
 from protos.auth import Role, server_credentials
 from protos.decoding import AsyncStrictDecoding
 
@@ -189,16 +189,7 @@ async def _bind(
         interceptors.append(async_agent_interceptor(config.secrets))
     interceptors.append(AsyncStrictDecoding())  # malformed bytes: INVALID_ARGUMENT, not INTERNAL
     server = grpc.aio.server(interceptors=interceptors, options=_OPTIONS)
-    try:
-        if credentials is not None:
-            port = server.add_secure_port(listen, credentials)
-        else:
-            port = server.add_insecure_port(listen)
-    except RuntimeError as error:
-        raise OSError(f"cannot listen on {listen}: {error}") from error
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
-    return server, port
+    return server, bind_port(server, listen, credentials)
 
 
 async def _serve(server: grpc.aio.Server, servicer: AgentServicer) -> health.aio.HealthServicer:

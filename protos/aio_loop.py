@@ -58,3 +58,21 @@ class LoopThread:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+def bind_port(server: Any, listen: str, credentials: Any = None) -> int:
+    """Add `listen` to an aio server (TLS when `credentials` are given); returns the bound port.
+
+    Raises:
+        OSError: nothing could be bound there.
+    """
+    try:
+        if credentials is not None:
+            port = int(server.add_secure_port(listen, credentials))
+        else:
+            port = int(server.add_insecure_port(listen))
+    except RuntimeError as error:
+        raise OSError(f"cannot listen on {listen}: {error}") from error
+    if port == 0:
+        raise OSError(f"cannot listen on {listen}")
+    return port

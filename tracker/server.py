@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from protos import tracker_pb2_grpc
-from protos.aio_loop import LoopThread
+from protos.aio_loop import LoopThread, bind_port
 from protos.auth import PoolSecrets, TlsFiles, server_credentials
 from protos.decoding import AsyncStrictDecoding
 from tracker.auth import async_tracker_interceptor
@@ -206,16 +206,10 @@ async def _serve(
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     try:
-        if credentials is not None:
-            port = server.add_secure_port(listen, credentials)
-        else:
-            port = server.add_insecure_port(listen)
-    except RuntimeError as error:
+        port = bind_port(server, listen, credentials)
+    except OSError:
         await server.stop(None)
-        raise OSError(f"cannot listen on {listen}: {error}") from error
-    if port == 0:
-        await server.stop(None)
-        raise OSError(f"cannot listen on {listen}")
+        raise
     await server.start()
     for name in ("", TRACKER_SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
