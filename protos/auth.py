@@ -2,7 +2,7 @@
 
 **Pool secrets file** (`--token-file`), one `name = value` per line, `#` comments:
 
-    agent = <token>       # kiln-agent -> tracker (Register, Heartbeat)
+    agent = <token>       # kiln-agent -> tracker (Register, Heartbeat, Deregister)
     client = <token>      # kiln -> tracker (Acquire, Renew, Release, ListDevices) and -> agents
     admin = <token>       # everything a client and an agent may do, and admin RPCs
     lease_key = <hex>     # HMAC key for lease fencing tokens (protos.fencing)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/tracker.proto\x12\x07kiln.v1\x1a\x13protos/common.proto\"`\n\x0fRegisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.kiln.v1.DeviceSpec\"\xa6\x01\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12@\n\x0c\x66\x65nce_floors\x18\x02 \x03(\x0b\x32*.kiln.v1.RegisterResponse.FenceFloorsEntry\x1a\x32\n\x10\x46\x65nceFloorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"$\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"\xed\x01\n\x0e\x41\x63quireRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12>\n\x0ctag_selector\x18\x02 \x03(\x0b\x32(.kiln.v1.AcquireRequest.TagSelectorEntry\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x0c\n\x04user\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x13\n\x0blease_ttl_s\x18\x06 \x01(\x01\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x1a\x32\n\x10TagSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x83\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12#\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x13.kiln.v1.DeviceSpec\x12\x17\n\x0f\x65xpires_at_unix\x18\x03 \x01(\x01\x12\r\n\x05token\x18\x04 \x01(\t\x12\x0c\n\x04user\x18\x05 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x03\"a\n\x0f\x41\x63quireResponse\x12\x1f\n\x06status\x18\x01 \x01(\x0e\x32\x0f.kiln.v1.Status\x12\x1d\n\x05lease\x18\x02 \x01(\x0b\x32\x0e.kiln.v1.Lease\x12\x0e\n\x06reason\x18\x03 \x01(\t\"5\n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\"_\n\rRenewResponse\x12\x1f\n\x06status\x18\x01 \x01(\x0e\x32\x0f.kiln.v1.Status\x12\x1d\n\x05lease\x18\x02 \x01(\x0b\x32\x0e.kiln.v1.Lease\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\"\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"3\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"H\n\x12ListDevicesRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x9a\x01\n\x0c\x44\x65viceStatus\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.kiln.v1.DeviceSpec\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.kiln.v1.DeviceState\x12\x14\n\x0clease_holder\x18\x03 \x01(\t\x12\x17\n\x0fheartbeat_age_s\x18\x04 \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\x05\"V\n\x13ListDevicesResponse\x12&\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x15.kiln.v1.DeviceStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*K\n\x0b\x44\x65viceState\x12\x1c\n\x18\x44\x45VICE_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46REE\x10\x01\x12\n\n\x06LEASED\x10\x02\x12\x08\n\x04LOST\x10\x03\x32\x8c\x03\n\x07Tracker\x12?\n\x08Register\x12\x18.kiln.v1.RegisterRequest\x1a\x19.kiln.v1.RegisterResponse\x12\x42\n\tHeartbeat\x12\x19.kiln.v1.HeartbeatRequest\x1a\x1a.kiln.v1.HeartbeatResponse\x12<\n\x07\x41\x63quire\x12\x17.kiln.v1.AcquireRequest\x1a\x18.kiln.v1.AcquireResponse\x12\x36\n\x05Renew\x12\x15.kiln.v1.RenewRequest\x1a\x16.kiln.v1.RenewResponse\x12<\n\x07Release\x12\x17.kiln.v1.ReleaseRequest\x1a\x18.kiln.v1.ReleaseResponse\x12H\n\x0bListDevices\x12\x1b.kiln.v1.ListDevicesRequest\x1a\x1c.kiln.v1.ListDevicesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/tracker.proto\x12\x07kiln.v1\x1a\x13protos/common.proto\"`\n\x0fRegisterRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.kiln.v1.DeviceSpec\"\xa6\x01\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12@\n\x0c\x66\x65nce_floors\x18\x02 \x03(\x0b\x32*.kiln.v1.RegisterResponse.FenceFloorsEntry\x1a\x32\n\x10\x46\x65nceFloorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"$\n\x10HeartbeatRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"%\n\x11\x44\x65registerRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"%\n\x12\x44\x65registerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x05\"\xed\x01\n\x0e\x41\x63quireRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12>\n\x0ctag_selector\x18\x02 \x03(\x0b\x32(.kiln.v1.AcquireRequest.TagSelectorEntry\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x0c\n\x04user\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x13\n\x0blease_ttl_s\x18\x06 \x01(\x01\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x1a\x32\n\x10TagSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x83\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12#\n\x06\x64\x65vice\x18\x02 \x01(\x0b\x32\x13.kiln.v1.DeviceSpec\x12\x17\n\x0f\x65xpires_at_unix\x18\x03 \x01(\x01\x12\r\n\x05token\x18\x04 \x01(\t\x12\x0c\n\x04user\x18\x05 \x01(\t\x12\r\n\x05\x66\x65nce\x18\x06 \x01(\x03\"a\n\x0f\x41\x63quireResponse\x12\x1f\n\x06status\x18\x01 \x01(\x0e\x32\x0f.kiln.v1.Status\x12\x1d\n\x05lease\x18\x02 \x01(\x0b\x32\x0e.kiln.v1.Lease\x12\x0e\n\x06reason\x18\x03 \x01(\t\"5\n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0blease_ttl_s\x18\x02 \x01(\x01\"_\n\rRenewResponse\x12\x1f\n\x06status\x18\x01 \x01(\x0e\x32\x0f.kiln.v1.Status\x12\x1d\n\x05lease\x18\x02 \x01(\x0b\x32\x0e.kiln.v1.Lease\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\"\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"3\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"H\n\x12ListDevicesRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x9a\x01\n\x0c\x44\x65viceStatus\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.kiln.v1.DeviceSpec\x12#\n\x05state\x18\x02 \x01(\x0e\x32\x14.kiln.v1.DeviceState\x12\x14\n\x0clease_holder\x18\x03 \x01(\t\x12\x17\n\x0fheartbeat_age_s\x18\x04 \x01(\x01\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\x05\"V\n\x13ListDevicesResponse\x12&\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x15.kiln.v1.DeviceStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*K\n\x0b\x44\x65viceState\x12\x1c\n\x18\x44\x45VICE_STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46REE\x10\x01\x12\n\n\x06LEASED\x10\x02\x12\x08\n\x04LOST\x10\x03\x32\xd3\x03\n\x07Tracker\x12?\n\x08Register\x12\x18.kiln.v1.RegisterRequest\x1a\x19.kiln.v1.RegisterResponse\x12\x42\n\tHeartbeat\x12\x19.kiln.v1.HeartbeatRequest\x1a\x1a.kiln.v1.HeartbeatResponse\x12<\n\x07\x41\x63quire\x12\x17.kiln.v1.AcquireRequest\x1a\x18.kiln.v1.AcquireResponse\x12\x36\n\x05Renew\x12\x15.kiln.v1.RenewRequest\x1a\x16.kiln.v1.RenewResponse\x12<\n\x07Release\x12\x17.kiln.v1.ReleaseRequest\x1a\x18.kiln.v1.ReleaseResponse\x12H\n\x0bListDevices\x12\x1b.kiln.v1.ListDevicesRequest\x1a\x1c.kiln.v1.ListDevicesResponse\x12\x45\n\nDeregister\x12\x1a.kiln.v1.DeregisterRequest\x1a\x1b.kiln.v1.DeregisterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERRESPONSE_FENCEFLOORSENTRY']._serialized_options = b'8\001'
   _globals['_ACQUIREREQUEST_TAGSELECTORENTRY']._loaded_options = None
   _globals['_ACQUIREREQUEST_TAGSELECTORENTRY']._serialized_options = b'8\001'
-  _globals['_DEVICESTATE']._serialized_start=1428
-  _globals['_DEVICESTATE']._serialized_end=1503
+  _globals['_DEVICESTATE']._serialized_start=1506
+  _globals['_DEVICESTATE']._serialized_end=1581
   _globals['_REGISTERREQUEST']._serialized_start=54
   _globals['_REGISTERREQUEST']._serialized_end=150
   _globals['_REGISTERRESPONSE']._serialized_start=153
@@ -48,28 +48,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST']._serialized_end=357
   _globals['_HEARTBEATRESPONSE']._serialized_start=359
   _globals['_HEARTBEATRESPONSE']._serialized_end=393
-  _globals['_ACQUIREREQUEST']._serialized_start=396
-  _globals['_ACQUIREREQUEST']._serialized_end=633
-  _globals['_ACQUIREREQUEST_TAGSELECTORENTRY']._serialized_start=583
-  _globals['_ACQUIREREQUEST_TAGSELECTORENTRY']._serialized_end=633
-  _globals['_LEASE']._serialized_start=636
-  _globals['_LEASE']._serialized_end=767
-  _globals['_ACQUIRERESPONSE']._serialized_start=769
-  _globals['_ACQUIRERESPONSE']._serialized_end=866
-  _globals['_RENEWREQUEST']._serialized_start=868
-  _globals['_RENEWREQUEST']._serialized_end=921
-  _globals['_RENEWRESPONSE']._serialized_start=923
-  _globals['_RENEWRESPONSE']._serialized_end=1018
-  _globals['_RELEASEREQUEST']._serialized_start=1020
-  _globals['_RELEASEREQUEST']._serialized_end=1054
-  _globals['_RELEASERESPONSE']._serialized_start=1056
-  _globals['_RELEASERESPONSE']._serialized_end=1107
-  _globals['_LISTDEVICESREQUEST']._serialized_start=1109
-  _globals['_LISTDEVICESREQUEST']._serialized_end=1181
-  _globals['_DEVICESTATUS']._serialized_start=1184
-  _globals['_DEVICESTATUS']._serialized_end=1338
-  _globals['_LISTDEVICESRESPONSE']._serialized_start=1340
-  _globals['_LISTDEVICESRESPONSE']._serialized_end=1426
-  _globals['_TRACKER']._serialized_start=1506
-  _globals['_TRACKER']._serialized_end=1902
+  _globals['_DEREGISTERREQUEST']._serialized_start=395
+  _globals['_DEREGISTERREQUEST']._serialized_end=432
+  _globals['_DEREGISTERRESPONSE']._serialized_start=434
+  _globals['_DEREGISTERRESPONSE']._serialized_end=471
+  _globals['_ACQUIREREQUEST']._serialized_start=474
+  _globals['_ACQUIREREQUEST']._serialized_end=711
+  _globals['_ACQUIREREQUEST_TAGSELECTORENTRY']._serialized_start=661
+  _globals['_ACQUIREREQUEST_TAGSELECTORENTRY']._serialized_end=711
+  _globals['_LEASE']._serialized_start=714
+  _globals['_LEASE']._serialized_end=845
+  _globals['_ACQUIRERESPONSE']._serialized_start=847
+  _globals['_ACQUIRERESPONSE']._serialized_end=944
+  _globals['_RENEWREQUEST']._serialized_start=946
+  _globals['_RENEWREQUEST']._serialized_end=999
+  _globals['_RENEWRESPONSE']._serialized_start=1001
+  _globals['_RENEWRESPONSE']._serialized_end=1096
+  _globals['_RELEASEREQUEST']._serialized_start=1098
+  _globals['_RELEASEREQUEST']._serialized_end=1132
+  _globals['_RELEASERESPONSE']._serialized_start=1134
+  _globals['_RELEASERESPONSE']._serialized_end=1185
+  _globals['_LISTDEVICESREQUEST']._serialized_start=1187
+  _globals['_LISTDEVICESREQUEST']._serialized_end=1259
+  _globals['_DEVICESTATUS']._serialized_start=1262
+  _globals['_DEVICESTATUS']._serialized_end=1416
+  _globals['_LISTDEVICESRESPONSE']._serialized_start=1418
+  _globals['_LISTDEVICESRESPONSE']._serialized_end=1504
+  _globals['_TRACKER']._serialized_start=1584
+  _globals['_TRACKER']._serialized_end=2051
 # @@protoc_insertion_point(module_scope)

@@ -56,6 +56,18 @@ class HeartbeatResponse(_message.Message):
     known: bool
     def __init__(self, known: _Optional[bool] = ...) -> None: ...
 
+class DeregisterRequest(_message.Message):
+    __slots__ = ("agent_id",)
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
 class AcquireRequest(_message.Message):
     __slots__ = ("key", "tag_selector", "priority", "user", "timeout_s", "lease_ttl_s", "request_id")
     class TagSelectorEntry(_message.Message):

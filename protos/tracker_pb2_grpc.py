@@ -64,6 +64,11 @@ class TrackerStub:
                 request_serializer=protos_dot_tracker__pb2.ListDevicesRequest.SerializeToString,
                 response_deserializer=protos_dot_tracker__pb2.ListDevicesResponse.FromString,
                 _registered_method=True)
+        self.Deregister = channel.unary_unary(
+                '/kiln.v1.Tracker/Deregister',
+                request_serializer=protos_dot_tracker__pb2.DeregisterRequest.SerializeToString,
+                response_deserializer=protos_dot_tracker__pb2.DeregisterResponse.FromString,
+                _registered_method=True)
 
 
 class TrackerServicer:
@@ -105,6 +110,14 @@ class TrackerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Deregister(self, request, context):
+        """An agent stopping gracefully removes its devices (agent role). Leases on them end at once, as
+        when a device is lost; waiting requests stay queued for other devices.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrackerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +150,11 @@ def add_TrackerServicer_to_server(servicer, server):
                     servicer.ListDevices,
                     request_deserializer=protos_dot_tracker__pb2.ListDevicesRequest.FromString,
                     response_serializer=protos_dot_tracker__pb2.ListDevicesResponse.SerializeToString,
+            ),
+            'Deregister': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deregister,
+                    request_deserializer=protos_dot_tracker__pb2.DeregisterRequest.FromString,
+                    response_serializer=protos_dot_tracker__pb2.DeregisterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +319,33 @@ class Tracker:
             '/kiln.v1.Tracker/ListDevices',
             protos_dot_tracker__pb2.ListDevicesRequest.SerializeToString,
             protos_dot_tracker__pb2.ListDevicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deregister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kiln.v1.Tracker/Deregister',
+            protos_dot_tracker__pb2.DeregisterRequest.SerializeToString,
+            protos_dot_tracker__pb2.DeregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,

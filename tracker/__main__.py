@@ -4,6 +4,7 @@
                  [--store-file URL_FILE]     # or $KILN_TRACKER_STORE: a password stays out of ps
                  [--token-file SECRETS] [--tls-cert C --tls-key K [--tls-client-ca CA]]
                  [--metrics-port P] [--insecure] [--ready-file PATH] [--log-level info]
+                 [--lost-retention-s 3600]   # forget devices LOST (agent silent) this long
     kiln-tracker init-secrets SECRETS     # write a new pool secrets file (mode 0600) and exit
 
 With --ready-file, once serving, the file's first line is "<host>:<port>" (written atomically), so a
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -51,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
         default=TrackerConfig.startup_grace_s,
         help="for this long after start, a request no registered device matches waits for its "
         "agents to register again instead of failing at once (default %(default)s; 0: fail fast)",
+    )
+    parser.add_argument(
+        "--lost-retention-s",
+        type=float,
+        default=TrackerConfig.lost_device_retention_s,
+        metavar="S",
+        help="a device whose agent went silent shows LOST for this many seconds, then the tracker "
+        "forgets it (default %(default)s)",
     )
     parser.add_argument(
         "--store",
@@ -176,6 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"refusing to listen on non-loopback {args.listen} without --token-file "
             "(anyone could register devices and run code on them); pass --insecure to override"
         )
+    if not (math.isfinite(args.lost_retention_s) and args.lost_retention_s > 0):
+        parser.error(
+            f"--lost-retention-s must be a positive finite number of seconds, "
+            f"got {args.lost_retention_s!r}"
+        )
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port must be 0..65535, got {args.metrics_port}")
     tls = TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_client_ca)
@@ -189,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_lease_ttl_s=max(args.lease_ttl_s, TrackerConfig.max_lease_ttl_s),
             store=args.store,
             startup_grace_s=args.startup_grace_s,
+            lost_device_retention_s=args.lost_retention_s,
         )
         tracker = create_server(
             args.listen, config, secrets=secrets, tls=tls, metrics_port=args.metrics_port

@@ -1,6 +1,6 @@
 """Who may call which tracker method (enforced by protos.auth.AsyncAuthInterceptor):
 
-    agent   Register, Heartbeat
+    agent   Register, Heartbeat, Deregister
     client  Acquire, Renew, Release, ListDevices
     admin   everything, including methods this table does not list
 
@@ -22,7 +22,10 @@ from protos.auth import (
 _TRACKER = "/kiln.v1.Tracker/"
 
 TRACKER_METHOD_ROLES: MethodRoles = {
-    **{_TRACKER + name: frozenset({Role.AGENT, Role.ADMIN}) for name in ("Register", "Heartbeat")},
+    **{
+        _TRACKER + name: frozenset({Role.AGENT, Role.ADMIN})
+        for name in ("Register", "Heartbeat", "Deregister")
+    },
     **{
         _TRACKER + name: frozenset({Role.CLIENT, Role.ADMIN})
         for name in ("Acquire", "Renew", "Release", "ListDevices")

@@ -148,6 +148,14 @@ class Registered:
 
 
 @dataclasses.dataclass(frozen=True)
+class Deregistered:
+    """What one deregistration removed: the agent's devices and the leases it ended on them."""
+
+    devices: tuple[str, ...] = ()
+    ended_leases: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class DevicePage:
     """One page of ListDevices; `next_page_token` is "" on the last."""
 

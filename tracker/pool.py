@@ -142,6 +142,33 @@ class DevicePool:
             raise InvalidArgument("agent_id must not be empty")
         return self._store.heartbeat(agent_id, self._clock())
 
+    def deregister(self, agent_id: str) -> int:
+        """Remove the agent and all of its devices (an agent stopping gracefully); returns how
+        many devices it had, 0 when the agent was unknown (not an error).
+
+        Leases on those devices end at once, as when a device is lost: the holder's next Renew is
+        answered DEVICE_LOST ("device lost: agent deregistered"). Queued requests stay queued for
+        other devices; one that no registered device matches any more waits out its deadline and
+        is answered NO_DEVICE then, like a request for LOST devices. A device registered again
+        later gets fences above every one issued before (see TrackerStore.deregister).
+
+        Raises:
+            InvalidArgument: an empty or malformed agent_id.
+            StoreUnavailable: the store cannot be reached.
+        """
+        validation.agent_id(agent_id)
+        removed = self._store.deregister(agent_id)
+        if removed.ended_leases:
+            _LOG.info(
+                "agent %s deregistered %d devices, ending leases %s",
+                agent_id,
+                len(removed.devices),
+                ", ".join(removed.ended_leases),
+            )
+        else:
+            _LOG.info("agent %s deregistered %d devices", agent_id, len(removed.devices))
+        return len(removed.devices)
+
     def acquire(
         self,
         request: LeaseRequest,

@@ -117,3 +117,7 @@ def register_response(registered: Registered) -> tracker_pb2.RegisterResponse:
 
 def heartbeat_response(known: bool) -> tracker_pb2.HeartbeatResponse:
     return tracker_pb2.HeartbeatResponse(known=known)
+
+
+def deregister_response(removed: int) -> tracker_pb2.DeregisterResponse:
+    return tracker_pb2.DeregisterResponse(removed=removed)

@@ -182,6 +182,11 @@ class TrackerService(tracker_pb2_grpc.TrackerServicer):
         return serde.heartbeat_response(known)
 
     @_guarded
+    async def Deregister(self, request: Any, context: Any) -> Any:
+        removed = await self._calls.agent(self._pool.deregister, request.agent_id)
+        return serde.deregister_response(removed)
+
+    @_guarded
     async def Acquire(self, request: Any, context: Any) -> Any:
         started = time.monotonic()
         lease_request = serde.lease_request_from_proto(request)

@@ -27,6 +27,13 @@ def identifier(field: str, value: str) -> None:
         raise InvalidArgument(problem)
 
 
+def agent_id(value: str) -> None:
+    """Raise InvalidArgument for an empty or malformed agent_id (see `identifier`)."""
+    if not value:
+        raise InvalidArgument("agent_id must not be empty")
+    identifier("agent_id", value)
+
+
 def registration(agent_id: str, agent_address: str, devices: Sequence[DeviceSpec]) -> Registration:
     """Validate a Register call and fill defaults.
 

@@ -1,9 +1,11 @@
 """`kiln devices`: a tracker's devices as a table or JSON, once or refreshed live with --watch.
 
 Columns: key, device, backend, agent address, state, lease holder, heartbeat age, queue depth
-(requests waiting for that device's key), and the device's other tags (arch, features, ...). A summary line follows the table. With --watch the table is
-redrawn every SECONDS (the screen is cleared when stdout is a terminal) until Ctrl-C or --count
-refreshes; with --json each refresh is one JSON document (one line each under --watch).
+(requests waiting for that device's key), and the device's other tags (arch, features, ...). A
+summary line follows the table. --key asks the tracker for one key's devices; each --tag k=v keeps
+only the devices with that tag (all of them must match). With --watch the table is redrawn every
+SECONDS (the screen is cleared when stdout is a terminal) until Ctrl-C or --count refreshes; with
+--json each refresh is one JSON document (one line each under --watch).
 
 A tracker that cannot be reached or refuses the token is one line on stderr and exit status 1.
 Under --watch only the first listing must succeed; a later failure is reported and retried.
@@ -15,7 +17,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 import grpc
@@ -50,8 +52,16 @@ _HINTS = {
 }
 
 
-def rows(response: tracker_pb2.ListDevicesResponse) -> list[dict[str, Any]]:
-    """One dict per device, keys in COLUMNS order, sorted by key then device id."""
+def rows(
+    response: tracker_pb2.ListDevicesResponse, tag_selector: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One dict per device, keys in COLUMNS order, sorted by key then device id; with
+    `tag_selector`, only the devices that carry every one of its tags (backend and cpu included)."""
+    selected = [
+        d
+        for d in response.devices
+        if all(d.spec.tags.get(name) == value for name, value in (tag_selector or {}).items())
+    ]
     out = [
         {
             "key": d.spec.key,
@@ -64,7 +74,7 @@ def rows(response: tracker_pb2.ListDevicesResponse) -> list[dict[str, Any]]:
             "queue": d.queue_depth,
             "tags": {k: v for k, v in sorted(d.spec.tags.items()) if k not in _NOT_IN_TAGS},
         }
-        for d in response.devices
+        for d in selected
     ]
     return sorted(out, key=lambda r: (r["key"], r["device"]))
 
@@ -106,7 +116,14 @@ def describe_error(tracker: str, error: grpc.RpcError, tls_enabled: bool = False
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = sub.add_parser("devices", help="list the devices of a tracker (live with --watch)")
     d.add_argument("--tracker", required=True, help="HOST:PORT")
-    d.add_argument("--key", default="", help="only devices with this key")
+    d.add_argument("--key", default="", help="only devices with this key (the tracker filters)")
+    d.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="only devices carrying this tag; repeat it and every tag must match",
+    )
     d.add_argument("--json", action="store_true", help="print JSON instead of a table")
     d.add_argument(
         "--watch",
@@ -127,6 +144,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def cmd_devices(args: argparse.Namespace) -> int:
     from tuner.measure.tracker_client import read_client_token
 
+    tag_selector = common.tags(args.tag)
     tls = common.credentials(args)
     token = read_client_token(args.token_file) if args.token_file else None
     if args.count < 0:
@@ -134,6 +152,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return run(
         args.tracker,
         key=args.key,
+        tag_selector=tag_selector,
         as_json=args.json,
         watch_s=args.watch,
         count=args.count,
@@ -145,6 +164,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def run(
     tracker: str,
     key: str = "",
+    tag_selector: Mapping[str, str] | None = None,
     as_json: bool = False,
     watch_s: float | None = None,
     count: int = 0,
@@ -154,7 +174,11 @@ def run(
     err: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """List once, or every `watch_s` seconds `count` times (0 = until Ctrl-C); the exit status."""
+    """List once, or every `watch_s` seconds `count` times (0 = until Ctrl-C); the exit status.
+
+    `key` is passed to the tracker's ListDevices; `tag_selector` filters its answer here (every
+    tag must match), since ListDevices takes no tags.
+    """
     out = out or sys.stdout
     err = err or sys.stderr
     client = TrackerClient(tracker, token, tls)
@@ -162,7 +186,7 @@ def run(
     try:
         while True:
             try:
-                device_rows = rows(client.list_devices(key))
+                device_rows = rows(client.list_devices(key), tag_selector)
             except grpc.RpcError as error:
                 print(describe_error(tracker, error, tls is not None), file=err, flush=True)
                 if watch_s is None or shown == 0:

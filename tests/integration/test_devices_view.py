@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
+from kiln import cli
 from kiln.cli import devices as devices_view
 from tracker.model import DeviceSpec
 from tracker.server import create_server
@@ -41,3 +44,34 @@ def test_unreachable_tracker_on_the_first_listing_is_exit_1_even_when_watching()
     status = devices_view.run("127.0.0.1:1", watch_s=0.05, count=5, out=out, err=err)
     assert status == 1 and out.getvalue() == ""
     assert len(err.getvalue().splitlines()) == 1
+
+
+def test_key_goes_to_the_tracker_and_every_tag_must_match(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    serving = create_server("127.0.0.1:0")
+    serving.pool.register(
+        "a",
+        "h:1",
+        [
+            DeviceSpec("", "arm", {"board": "rk3399", "mem": "4g"}),
+            DeviceSpec("", "arm", {"board": "rpi4", "mem": "4g"}),
+            DeviceSpec("", "x86", {"board": "rk3399", "mem": "4g"}),
+        ],
+    )
+
+    def listed(*flags: str) -> list[str]:
+        with pytest.raises(SystemExit) as info:
+            cli.main(["devices", "--tracker", serving.address, "--json", *flags])
+        output = capsys.readouterr()
+        assert info.value.code == 0, output.err
+        return [device["device"] for device in json.loads(output.out)]
+
+    try:
+        assert listed() == ["a/0", "a/1", "a/2"]
+        assert listed("--key", "arm") == ["a/0", "a/1"]
+        assert listed("--tag", "board=rk3399") == ["a/0", "a/2"]
+        assert listed("--key", "arm", "--tag", "board=rk3399", "--tag", "mem=4g") == ["a/0"]
+        assert listed("--tag", "board=rk3399", "--tag", "mem=8g") == []
+    finally:
+        serving.stop(grace_s=0.2)

@@ -68,6 +68,7 @@ def _register_request(agent_id: str = "a1") -> tracker_pb2.RegisterRequest:
 CALLS: dict[str, tuple[Any, set[Role]]] = {
     "Register": (_register_request(), {Role.AGENT, Role.ADMIN}),
     "Heartbeat": (tracker_pb2.HeartbeatRequest(agent_id="a1"), {Role.AGENT, Role.ADMIN}),
+    "Deregister": (tracker_pb2.DeregisterRequest(agent_id="gone"), {Role.AGENT, Role.ADMIN}),
     "Acquire": (tracker_pb2.AcquireRequest(key="x86"), {Role.CLIENT, Role.ADMIN}),
     "Renew": (tracker_pb2.RenewRequest(lease_id="nope"), {Role.CLIENT, Role.ADMIN}),
     "Release": (tracker_pb2.ReleaseRequest(lease_id="nope"), {Role.CLIENT, Role.ADMIN}),

@@ -549,3 +549,108 @@ def test_queued_shapes_count_live_requests_per_key_and_selector(store: TrackerSt
         ("k", ()): 3,
         ("k", (("arch", "arm"), ("board", "rk"))): 2,
     }
+
+
+# -- deregister ---------------------------------------------------------------------------------
+
+
+def test_deregister_removes_the_agent_and_its_devices_and_ends_their_leases(
+    store: TrackerStore,
+) -> None:
+    store.register(registration("a", "k", "k"), T0)
+    store.register(registration("b", "k"), T0)
+    lease = grant(store, "L1")
+    assert lease is not None and lease.device.device_id == "a/0"
+    removed = store.deregister("a")
+    assert (removed.devices, removed.ended_leases) == (("a/0", "a/1"), ("L1",))
+    assert states(store) == {"b/0": DeviceState.FREE}
+    assert [r.spec.device_id for r in store.live_devices("k")] == ["b/0"]
+    assert store.devices_by_id(["a/0", "a/1"]) == []
+    with pytest.raises(LeaseLost, match=base.REASON_AGENT_DEREGISTERED):
+        store.renew("L1", T0 + 1, 10.0, ISSUE)
+    with pytest.raises(LeaseLost, match=base.REASON_AGENT_DEREGISTERED):
+        store.release("L1", T0 + 1)
+    assert store.heartbeat("a", T0 + 1) is False
+    report = store.expire(T0 + 100, AGENT_TIMEOUT_S, lost_device_retention_s=1.0)
+    assert "a" not in report.expired_agents and "a/0" not in report.lost_devices
+    assert store.deregister("a").devices == ()
+
+
+def test_deregister_of_an_unknown_agent_changes_nothing(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    removed = store.deregister("nobody")
+    assert (removed.devices, removed.ended_leases) == ((), ())
+    assert states(store) == {"a/0": DeviceState.FREE}
+
+
+def test_deregister_forgets_lost_devices_at_once(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    store.expire(T0 + AGENT_TIMEOUT_S + 1, AGENT_TIMEOUT_S)
+    assert states(store) == {"a/0": DeviceState.LOST}
+    assert store.deregister("a").devices == ("a/0",)
+    assert store.devices() == []
+    assert store.expire(T0 + 10_000, AGENT_TIMEOUT_S, 1.0).pruned_devices == ()
+
+
+def test_deregister_leaves_a_device_another_agent_took_over(store: TrackerStore) -> None:
+    store.register(validation.registration("a", "h:1", [DeviceSpec("shared", "k")]), T0)
+    store.expire(T0 + 10, AGENT_TIMEOUT_S)
+    store.register(validation.registration("b", "h:2", [DeviceSpec("shared", "k")]), T0 + 10)
+    assert store.deregister("a").devices == ()
+    [record] = store.devices()
+    assert (record.spec.agent_address, record.state) == ("h:2", DeviceState.FREE)
+
+
+def test_a_device_registered_again_after_deregister_gets_higher_fences(
+    store: TrackerStore,
+) -> None:
+    """The fence survives the device: the same clock reading still gives a higher fence."""
+    store.register(registration("a", "k"), T0)
+    fences = []
+    for index in range(3):  # same clock reading: the fence is bumped past the grant time
+        lease = grant(store, f"L{index}")
+        assert lease is not None
+        fences.append(lease.fence)
+        if index < 2:
+            store.release(f"L{index}", T0)
+    assert store.deregister("a").ended_leases == ("L2",)
+    store.register(registration("a", "k"), T0)
+    again = grant(store, "L9")
+    assert again is not None and again.fence == fences[-1] + 1 > int(T0 * 1_000_000)
+
+
+def test_deregister_keeps_queued_requests_for_other_devices(store: TrackerStore) -> None:
+    store.register(registration("a", "k"), T0)
+    ticket = enqueue(store, "q1", key="k")
+    store.deregister("a")
+    assert [t.request_id for t, _ in store.queued(T0)] == ["q1"]
+    assert grant(store, "L1", ticket=ticket, key="k") is None
+    store.register(registration("b", "k"), T0 + 1)
+    lease = grant(store, "L2", now=T0 + 1, ticket=ticket, key="k")
+    assert lease is not None and lease.device.device_id == "b/0"
+    assert store.queued(T0 + 1) == []
+
+
+@redis_only
+def test_deregister_leaves_no_redis_keys_of_the_agent_or_its_devices(
+    store_url: str, redis_server: RedisServer
+) -> None:
+    store = open_store(store_url)
+    prefix = store_url.split("prefix=")[1]
+    client = redis_server.client()
+    try:
+        store.register(registration("a", "k", "j"), T0)
+        store.register(registration("b", "k"), T0)
+        lease = grant(store, "L1", key="j")
+        assert lease is not None
+        store.deregister("a")
+        keys = {str(k)[len(prefix) :] for k in client.keys(f"{prefix}*")}
+        assert not {k for k in keys if "a/" in k or k == "agent:a"}
+        assert client.zrange(f"{prefix}devs", 0, -1) == ["b/0"]
+        assert client.zrange(f"{prefix}free", 0, -1) == ["b/0"]
+        assert client.zrange(f"{prefix}alive", 0, -1) == ["b"]
+        assert client.zrange(f"{prefix}devs:j", 0, -1) == []
+        assert client.hget(f"{prefix}fences", "a/1") == str(lease.fence)  # kept on purpose
+    finally:
+        store.close()
+        client.close()

@@ -106,8 +106,8 @@ class Rpc:
 
 
 def _tracker_rpcs() -> list[Rpc]:
-    """The tracker's methods and its health service."""
-    names = ("Register", "Heartbeat", "Acquire", "Renew", "Release", "ListDevices")
+    """The tracker's methods (every one its proto declares) and its health service."""
+    names = [m.name for m in tracker_pb2.DESCRIPTOR.services_by_name["Tracker"].methods]
     rpcs = [
         Rpc("tracker", f"/kiln.v1.Tracker/{n}", getattr(tracker_pb2, f"{n}Request")) for n in names
     ]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 
+from kiln import cli
 from kiln.cli import devices as devices_view
 from protos import common_pb2, tracker_pb2
 
@@ -89,3 +91,33 @@ def test_errors_are_one_line_naming_the_tracker_and_the_cause() -> None:
     assert devices_view.describe_error("h:1", denied).startswith(
         "kiln: tracker h:1 refused this token's role (use the client token): PERMISSION_DENIED"
     )
+
+
+def test_rows_keep_only_devices_with_every_selected_tag() -> None:
+    response = tracker_pb2.ListDevicesResponse(
+        devices=[
+            _status("a/0", "arm", tracker_pb2.FREE),
+            _status("a/1", "arm", tracker_pb2.FREE),
+            _status("b/0", "x86", tracker_pb2.FREE),
+        ]
+    )
+    response.devices[1].spec.tags["board"] = "rk3399"
+    response.devices[2].spec.tags["board"] = "rk3399"
+    select = devices_view.rows
+    assert [r["device"] for r in select(response, {})] == ["a/0", "a/1", "b/0"]
+    assert [r["device"] for r in select(response, {"board": "rk3399"})] == ["a/1", "b/0"]
+    both = {"board": "rk3399", "arch": "x86_64", "backend": "cpu"}  # backend is a tag too
+    assert [r["device"] for r in select(response, both)] == ["a/1", "b/0"]
+    assert select(response, {"board": "rk3399", "arch": "aarch64"}) == []
+    assert select(response, {"board": ""}) == []  # a tag the device lacks never matches
+
+
+@pytest.mark.parametrize("tag", ["board", "=rk3399"])
+def test_a_tag_without_a_name_and_value_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tag: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["devices", "--tracker", "127.0.0.1:1", "--tag", tag])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert f"kiln: --tag wants k=v, got {tag!r}" in err

@@ -33,6 +33,26 @@ def test_a_negative_startup_grace_exits_naming_it(capsys: pytest.CaptureFixture[
     assert "startup_grace_s must be >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "-inf"])
+def test_lost_retention_must_be_a_positive_finite_number(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--listen", "127.0.0.1:0", f"--lost-retention-s={value}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--lost-retention-s must be a positive finite number of seconds, got " in err
+
+
+def test_lost_retention_that_is_no_number_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--listen", "127.0.0.1:0", "--lost-retention-s", "an hour"])
+    assert exit_info.value.code == 2
+    assert "--lost-retention-s: invalid float value: 'an hour'" in capsys.readouterr().err
+
+
 def test_config_rejects_default_ttl_above_max() -> None:
     with pytest.raises(ValueError, match="default_lease_ttl_s"):
         TrackerConfig(default_lease_ttl_s=100, max_lease_ttl_s=10)

@@ -12,7 +12,11 @@ Invariants every implementation MUST keep:
 - an ended lease is gone from the active set and its device is FREE (unless LOST) in the same step;
 - the reason a lease ended is remembered (bounded) so Renew/Release can say why;
 - a device's fence strictly increases across its grants, also across a restart of the tracker
-  (fence = grant time in microseconds, bumped past the device's previous fence);
+  (fence = grant time in microseconds, bumped past the device's previous fence), and across its
+  removal by a re-registration without it or a deregistration: the store keeps the device's last
+  fence after the device itself is gone, so the same id registered again continues above it.
+  Only the expiry sweep forgets the fence of a device it prunes after the LOST retention: by then
+  any new grant's time in microseconds is far past it;
 - a grant never overtakes the queue: a device goes to a request only if no live queued request
   ordered before it would be given that device by serving the queue in order (see `grant`).
 """
@@ -24,6 +28,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from tracker.model import (
+    Deregistered,
     DeviceRecord,
     ExpiryReport,
     Lease,
@@ -39,6 +44,7 @@ REASON_EXPIRED = "lease expired"
 REASON_RELEASED = "lease released"
 REASON_AGENT_SILENT = "device lost: agent stopped heartbeating"
 REASON_DEVICE_DROPPED = "device lost: agent re-registered without it"
+REASON_AGENT_DEREGISTERED = "device lost: agent deregistered"
 
 # Ended-lease reasons kept for Renew/Release answers. A holder asks again within seconds, so a
 # bounded memory is enough and a long-lived tracker does not grow without limit.
@@ -84,6 +90,19 @@ class TrackerStore(abc.ABC):
     @abc.abstractmethod
     def heartbeat(self, agent_id: str, now_unix: float) -> bool:
         """Record a heartbeat; False (and no change) when the agent is unknown or expired."""
+
+    @abc.abstractmethod
+    def deregister(self, agent_id: str) -> Deregistered:
+        """Forget the agent and all of its devices, live or LOST, in one atomic step.
+
+        A lease on one of them ends with REASON_AGENT_DEREGISTERED (its holder's Renew and Release
+        then say so). The devices' last fences are kept, so a device registered again under the
+        same id is granted fences above every one issued before. Queued requests stay queued.
+        Unknown agents are not an error: nothing changes and the result is empty.
+
+        Returns:
+            The ids of the devices removed and of the leases ended.
+        """
 
     @abc.abstractmethod
     def grant(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from tracker.errors import InvalidArgument, LeaseLost
 from tracker.model import (
+    Deregistered,
     DeviceRecord,
     DeviceSpec,
     DeviceState,
@@ -116,6 +117,22 @@ class MemoryStore(base.TrackerStore):
                 return False
             agent.last_heartbeat_unix = now_unix
             return True
+
+    def deregister(self, agent_id: str) -> Deregistered:
+        with self._lock:
+            agent = self._agents.pop(agent_id, None)
+            if agent is None:
+                return Deregistered()
+            removed: list[str] = []
+            ended: list[str] = []
+            for device_id in agent.device_ids:
+                device = self._devices.get(device_id)
+                if device is None or device.agent_id != agent_id:
+                    continue
+                # The device's fence stays in self._fences: a later grant continues above it.
+                ended += self._drop_device(device_id, base.REASON_AGENT_DEREGISTERED)
+                removed.append(device_id)
+            return Deregistered(tuple(removed), tuple(ended))
 
     def grant(
         self,

@@ -10,7 +10,8 @@ A Redis that cannot be reached raises StoreUnavailable naming the URL and the ca
 keeps serving and the servicer answers UNAVAILABLE. A lost connection is retried once (redis-py
 `Retry`), so a pooled connection that died with a Redis restart is replaced transparently. A retry
 re-runs a script whose reply was lost: grant and renew are then harmless (the first lease ends by
-TTL; a renew extends twice), a release answers released=false with "lease released".
+TTL; a renew extends twice), a release answers released=false with "lease released", a deregister
+answers removed=0.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from redis.retry import Retry
 from protos.redis_url import RedisUrl, parse_redis_url
 from tracker.errors import InvalidArgument, LeaseLost, StoreUnavailable, UnknownStore
 from tracker.model import (
+    Deregistered,
     DeviceRecord,
     DeviceSpec,
     DeviceState,
@@ -167,6 +169,7 @@ class RedisStore(base.TrackerStore):
         scripts = {
             "register": redis_lua.REGISTER,
             "heartbeat": redis_lua.HEARTBEAT,
+            "deregister": redis_lua.DEREGISTER,
             "grant": redis_lua.GRANT,
             "renew_or_release": redis_lua.RENEW_OR_RELEASE,
             "expire": redis_lua.EXPIRE,
@@ -216,6 +219,11 @@ class RedisStore(base.TrackerStore):
     @_unavailable
     def heartbeat(self, agent_id: str, now_unix: float) -> bool:
         return bool(self._run("heartbeat", agent_id, repr(now_unix)))
+
+    @_unavailable
+    def deregister(self, agent_id: str) -> Deregistered:
+        removed, ended = self._run("deregister", agent_id)
+        return Deregistered(tuple(removed), tuple(ended))
 
     @_unavailable
     def grant(

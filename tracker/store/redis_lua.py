@@ -110,6 +110,7 @@ _VALUES = {
     "expired": base.REASON_EXPIRED,
     "released": base.REASON_RELEASED,
     "silent": base.REASON_AGENT_SILENT,
+    "deregistered": base.REASON_AGENT_DEREGISTERED,
 }
 
 
@@ -187,6 +188,31 @@ if not alive(agent) then return 0 end
 redis.call('ZADD', P .. 'alive', now, agent)
 redis.call('HSET', P .. 'agent:' .. agent, 'hb', now)
 return 1
+"""
+)
+
+# ARGV: P, agent_id -> {removed device ids, ended lease ids}
+# The agent and its devices go; P fences keeps their last fences (see base.TrackerStore).
+DEREGISTER = _script(
+    """
+local agent = ARGV[2]
+local ak = P .. 'agent:' .. agent
+local removed, ended = {}, {}
+for _, id in ipairs(list_of(redis.call('HGET', ak, 'devices'))) do
+  local d = redis.call('HMGET', P .. 'dev:' .. id, 'agent', 'lease')
+  if d[1] == agent then
+    if d[2] then
+      end_lease(d[2], '${deregistered}')
+      table.insert(ended, d[2])
+    end
+    remove_device(id)
+    table.insert(removed, id)
+  end
+end
+redis.call('DEL', ak)
+redis.call('ZREM', P .. 'alive', agent)
+redis.call('ZREM', P .. 'dead', agent)
+return {removed, ended}
 """
 )
 
