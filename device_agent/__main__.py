@@ -5,17 +5,29 @@
                [--tracker-tls-ca CA [--tracker-tls-cert C --tracker-tls-key K]]
                [--listen 127.0.0.1:0] [--advertise-host 127.0.0.1] [--cache-dir D]
                [--cache-max-bytes N] [--pin-cores 0,1|auto] [--quarantine-after 3]
-               [--max-job-s 600] [--ready-file PATH] [--agent-id ID] [--log-level info]
+               [--max-job-s 600] [--metrics-port P] [--ready-file PATH] [--agent-id ID]
+               [--log-level info]
 
 Without --tracker the agent serves standalone. Without --token-file it runs open (dev mode: any
 caller may upload and run code) and so refuses a non-loopback --listen unless --insecure is given.
 Exit status 2 means a bad command line (or an insecure listen address), 1 that the agent could not
-start. SIGTERM or SIGINT stops it gracefully (exit 0).
+start. SIGTERM or SIGINT stops it gracefully (exit 0), deregistering its devices from the tracker
+(a killed agent's devices show LOST instead, until it comes back).
+
+The agent id defaults to "<hostname>-<key>" (with "-<hash of the cache dir>" after it when
+--cache-dir is not the default): the same after a restart, so a restarted agent's devices replace
+its old ones at the tracker instead of adding rows. Two agents of one key on one host need their
+own --cache-dir (they would share one cache otherwise) or --agent-id.
+
+With --ready-file, once serving, the file's first line is "<advertise-host>:<port>" (written
+atomically); with --metrics-port a second line "http://<host>:<port>/metrics" names the Prometheus
+endpoint (prometheus_client must be installed: `pip install prometheus-client`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import ipaddress
 import logging
 import math
@@ -119,8 +131,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tracker-tls-ca", help="reach the tracker over TLS, trusting this CA")
     p.add_argument("--tracker-tls-cert", help="client certificate for the tracker (mTLS)")
     p.add_argument("--tracker-tls-key", help="client key for the tracker (mTLS)")
-    p.add_argument("--ready-file", help='write "<advertise-host>:<port>" here once serving')
-    p.add_argument("--agent-id", default="", help="default: <hostname>-<pid>-<random>")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on the listen host (0 = pick a free port)",
+    )
+    p.add_argument(
+        "--ready-file",
+        help='write "<advertise-host>:<port>" here once serving (then the metrics URL, if any)',
+    )
+    p.add_argument(
+        "--agent-id",
+        default="",
+        help="default: <hostname>-<key>, stable across restarts (plus a hash of --cache-dir when "
+        "that is not the default)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     if args.devices < 1:
@@ -133,6 +158,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
         p.error("--tls-client-ca needs --tls-cert and --tls-key")
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            p.error(f"--metrics-port must be 0..65535, got {args.metrics_port}")
+        if importlib.util.find_spec("prometheus_client") is None:
+            p.error("--metrics-port needs prometheus_client: pip install prometheus-client")
     if not args.token_file and not args.insecure and not is_loopback(args.listen):
         p.error(
             f"refusing to listen on {args.listen} without --token-file: anyone who can reach it "
@@ -201,13 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     # Installed before starting: a signal while the agent starts stops it as soon as it serves.
     with StopSignals(_LOG, "stopping") as signals:
         try:
-            server, port, _ = create_server(args.listen, config)
+            server, port, _ = create_server(args.listen, config, metrics_port=args.metrics_port)
         except (ValueError, RuntimeError, OSError, SecretsError) as e:
             _LOG.error("cannot start the agent: %s", e)
             return 1
         try:
             if args.ready_file:
-                _write_atomic(args.ready_file, f"{args.advertise_host}:{port}\n")
+                lines = [f"{args.advertise_host}:{port}"]
+                if server.metrics_url:
+                    lines.append(server.metrics_url)
+                _write_atomic(args.ready_file, "".join(f"{line}\n" for line in lines))
             signals.wait()
         finally:
             server.stop()

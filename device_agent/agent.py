@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import hashlib
 import importlib.metadata
 import logging
 import math
 import os
 import platform
 import re
-import secrets
 import socket
 import threading
 import time
@@ -31,7 +31,7 @@ import numpy as np
 from device_agent import arrays
 from device_agent.backends import get_backend
 from device_agent.cache import ArtifactCache, PendingArtifact, validate_sha256
-from device_agent.config import AgentConfig
+from device_agent.config import DEFAULT_CACHE_DIR, AgentConfig
 from device_agent.domain import (
     AgentInfo,
     ArgRole,
@@ -51,14 +51,18 @@ from device_agent.executor import Executor, TimeLimit
 from device_agent.jobs import MEASURE, RUN, Job, JobResult, ReferenceCheck, StopSignal
 from device_agent.leases import AcceptAllLeases, FencingLeases, LeaseVerifier
 from device_agent.quarantine import Quarantine
+from device_agent.stats import AgentStats
 from device_agent.telemetry import TelemetryReader
-from protos.ids import identifier_problem
+from protos.ids import ID_CHARS, MAX_ID_CHARS, identifier_problem
 from protos.ratelimit import RateLimitedLog
 
 _LOG = logging.getLogger(__name__)
 # Refused requests cost a few log lines per device and window, however many arrive.
 _REFUSED = RateLimitedLog(_LOG)
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+# What a default agent id may hold: an id's characters but "/", and room for "/<index>" after it.
+_NOT_ID_CHARS = re.compile("[^" + re.escape("".join(sorted(ID_CHARS - {"/"}))) + "]+")
+MAX_AGENT_ID_CHARS = MAX_ID_CHARS - 8
 # A wait for the device that ends this close to the lease's end was cut short by the lease.
 _TIMER_SLACK_S = 0.05
 
@@ -102,9 +106,29 @@ class _Unresolved(Exception):
         self.missing_sha256 = missing_sha256
 
 
-def default_agent_id() -> str:
-    """ "<hostname>-<pid>-<random>": unique per process, readable in the tracker's listing."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+def default_agent_id(key: str, cache_dir: str = DEFAULT_CACHE_DIR) -> str:
+    """ "<hostname>-<key>": the same after a restart, so a restarted agent replaces its devices.
+
+    An agent whose cache dir is not the default gets "-<6 hex digits of the dir's path>" appended:
+    two agents of one key on one host need caches of their own (each clears the cache's uploads in
+    progress when it starts), and so get ids of their own. Runs of characters an id may not hold
+    become one "-" ("/" too: device ids are "<agent id>/<index>"); an id longer than
+    `MAX_AGENT_ID_CHARS` is cut and ends in a hash of the whole, so it stays unique and its device
+    ids stay within `protos.ids.MAX_ID_CHARS`.
+    """
+    parts = [_id_part(socket.gethostname()) or "host", _id_part(key) or "agent"]
+    if os.path.abspath(cache_dir) != os.path.abspath(DEFAULT_CACHE_DIR):
+        parts.append(hashlib.sha256(os.path.abspath(cache_dir).encode()).hexdigest()[:6])
+    agent_id = "-".join(parts)
+    if len(agent_id) > MAX_AGENT_ID_CHARS:
+        digest = hashlib.sha256(agent_id.encode()).hexdigest()[:6]
+        agent_id = f"{agent_id[: MAX_AGENT_ID_CHARS - 7].rstrip('-')}-{digest}"
+    return agent_id
+
+
+def _id_part(text: str) -> str:
+    """`text` with each run of characters an agent id may not hold replaced by one "-"."""
+    return _NOT_ID_CHARS.sub("-", text).strip("-")
 
 
 @functools.cache
@@ -129,7 +153,7 @@ class Agent:
             RuntimeError: the backend cannot work on this machine.
         """
         self.config = config
-        self.agent_id = config.agent_id or default_agent_id()
+        self.agent_id = config.agent_id or default_agent_id(config.key, config.cache_dir)
         for field, value in (("agent id", self.agent_id), ("key", config.key)):
             problem = identifier_problem(field, value)
             if problem is not None:
@@ -142,6 +166,7 @@ class Agent:
         )
         self._leases: LeaseVerifier = lease_verifier or _default_leases(config)
         self._quarantine = Quarantine(config.quarantine_after)
+        self.stats = AgentStats()
         # The job running on each device, with the signal that stops it (end_leases_below).
         self._jobs: dict[str, tuple[Admission, StopSignal]] = {}
         self._jobs_lock = threading.Lock()
@@ -169,6 +194,7 @@ class Agent:
                     config.executor_address_space_bytes,
                     pin_core=pins[i % len(pins)] if pins else None,
                     state_dir=state_dir,
+                    on_restart=self.stats.executor_restarted,
                 )
         except BaseException:
             self.close()
@@ -247,6 +273,7 @@ class Agent:
             except _Unresolved as e:
                 result = JobResult(e.status, error=str(e))
                 missing = (e.missing_sha256,) if e.missing_sha256 else ()
+        self.stats.job_done(MEASURE, result.status)
         return MeasureResult(
             status=result.status,
             samples_s=result.samples_s,
@@ -294,12 +321,22 @@ class Agent:
                     self._quarantine.record(sha, entry.symbol, result.status, result.error)
             except _Unresolved as e:
                 result = JobResult(e.status, error=str(e))
+        self.stats.job_done(RUN, result.status)
         return RunResult(result.status, result.outputs, result.error, result.signal)
 
     def info(self) -> AgentInfo:
         """Who this agent is and what it serves."""
         telemetry = self.backend.telemetry(self._telemetry())
         return AgentInfo(self.agent_id, self.devices, telemetry, agent_version())
+
+    def busy_devices(self) -> int:
+        """How many devices are running a job right now."""
+        with self._jobs_lock:
+            return len(self._jobs)
+
+    def quarantined_entries(self) -> int:
+        """How many (artifact, entry) pairs are refused for killing their executor too often."""
+        return self._quarantine.quarantined()
 
     def executor_pids(self) -> dict[str, int | None]:
         """Device id -> pid of its executor child (None when it has none right now)."""

@@ -98,6 +98,11 @@ class ArtifactCache:
         with self._lock:
             return self._total_bytes
 
+    def usage(self) -> tuple[int, int]:
+        """(artifacts, bytes) cached now, meta files counted in the bytes."""
+        with self._lock:
+            return len(self._sizes), self._total_bytes
+
     def has(self, sha256: str) -> bool:
         """Whether the artifact is stored; refreshes its recency (InvalidRequestError if malformed)."""
         sha256 = validate_sha256(sha256)

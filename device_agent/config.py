@@ -15,8 +15,11 @@ DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "kiln", "age
 class AgentConfig:
     """Everything an agent process is configured with.
 
-    `agent_id` empty means "<hostname>-<pid>-<random>"; `tracker_address` empty means serve standalone
-    without registering. Device ids are "<agent_id>/<index>" for index in range(devices).
+    `agent_id` empty means a stable id from the host, the key and the cache dir ("<hostname>-<key>"
+    with the default cache dir; see `device_agent.agent.default_agent_id`), so an agent restarted
+    on the same host re-registers the same device ids and the tracker replaces them. Device ids
+    are "<agent_id>/<index>" for index in range(devices). `tracker_address` empty means serve
+    standalone without registering; with one, a graceful stop deregisters the devices.
 
     `secrets` None is dev mode: every call is accepted and leases are not checked. With secrets, the
     agent's RPCs need the `client` (or `admin`) token, Measure and Run need a fencing token signed

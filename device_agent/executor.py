@@ -1,7 +1,8 @@
 """A device's executor: runs jobs one at a time, in a supervised child when the backend is sandboxed.
 
 The child is respawned right after any death (crash, timeout kill, cancel), so the next request is
-served by a fresh process. The child runs in its own session so that killing its process group also
+served by a fresh process; `on_restart` hears of each respawn with its reason ("died", "timeout",
+"cancelled", "malformed"). The child runs in its own session so that killing its process group also
 ends anything a kernel forked, and asks the kernel (PR_SET_PDEATHSIG) for SIGKILL when the agent
 dies, so a hung kernel never outlives a SIGKILLed agent. Linux sends that signal when the *thread*
 that forked the child ends, so every child is forked by one long-lived spawner thread, never by an
@@ -72,8 +73,10 @@ class Executor:
         address_space_bytes: int,
         pin_core: int | None = None,
         state_dir: str = "",
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         self.device_id = device_id
+        self._on_restart = on_restart
         self._backend = backend
         self._address_space_bytes = address_space_bytes
         self._pin_core = pin_core
@@ -140,20 +143,20 @@ class Executor:
             waiter.write_all(proc.stdin.fileno(), encode_frame(*job_to_frame(job)))
             return result_from_frame(read_frame(waiter.reader(proc.stdout.fileno())))
         except _DeadlineExceeded:
-            self._replace_child(proc, kill=True)
+            self._replace_child(proc, "timeout", kill=True)
             return JobResult(Status.TIMEOUT, error=limit.error)
         except _Cancelled:
-            self._replace_child(proc, kill=True)
+            self._replace_child(proc, "cancelled", kill=True)
             assert cancelled is not None
             return _stopped(cancelled, started=True)
         except (EOFError, OSError):
-            returncode = self._replace_child(proc, kill=False)
+            returncode = self._replace_child(proc, "died", kill=False)
             return _death_result(returncode)
         except (FrameError, KeyError, ValueError, TypeError) as e:
-            self._replace_child(proc, kill=True)
+            self._replace_child(proc, "malformed", kill=True)
             return JobResult(Status.RUNTIME_ERROR, error=f"executor sent a malformed result: {e}")
 
-    def _replace_child(self, proc: subprocess.Popen[bytes], kill: bool) -> int:
+    def _replace_child(self, proc: subprocess.Popen[bytes], reason: str, kill: bool) -> int:
         """End `proc` (waiting a little for it when not killing) and spawn its successor."""
         if kill:
             _kill(proc)
@@ -165,11 +168,15 @@ class Executor:
         _close_pipes(proc)
         returncode = proc.returncode
         _LOG.info("executor of %s ended (%s); respawning", self.device_id, _describe(returncode))
+        respawned = False
         with self._state:
             if self._proc is proc:
                 self._proc = None
                 if not self._closed:
                     self._spawn()
+                    respawned = True
+        if respawned and self._on_restart is not None:
+            self._on_restart(reason)
         return returncode
 
     def _spawn(self) -> None:

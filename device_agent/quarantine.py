@@ -43,6 +43,13 @@ class Quarantine:
                 "agent restarts"
             )
 
+    def quarantined(self) -> int:
+        """How many entries are refused now."""
+        if self._threshold <= 0:
+            return 0
+        with self._lock:
+            return sum(len(deaths) >= self._threshold for deaths in self._deaths.values())
+
     def record(self, sha256: str, symbol: str, status: Status, detail: str) -> None:
         """Count a job's outcome when it is a CRASH or TIMEOUT."""
         if status not in COUNTED or self._threshold <= 0:

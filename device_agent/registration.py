@@ -3,6 +3,10 @@
 Register all devices, then Heartbeat every `heartbeat_interval_s` the tracker returned. A heartbeat
 answered `known=false` (the tracker restarted or expired us) means register again at once; an
 unreachable tracker means register again, forever, with capped exponential backoff and jitter.
+
+A graceful stop ends the thread first (so no heartbeat can register the devices again), then calls
+Deregister once, so the tracker removes the devices instead of listing them LOST. A failed
+Deregister is one warning: the devices go LOST as after a crash.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Registrar:
         on_fence_floors: called after each registration with the tracker's fence floors
             (device id -> lowest lease fence still valid), so leases the tracker ended while
             this agent was away are refused at once.
+        deregister_request: builds the DeregisterRequest `stop()` sends (None: never deregister).
     """
 
     def __init__(
@@ -50,6 +55,7 @@ class Registrar:
         token: str | None = None,
         tls: TlsFiles | None = None,
         on_fence_floors: Callable[[dict[str, int]], None] | None = None,
+        deregister_request: Callable[[], object] | None = None,
     ) -> None:
         self.tracker_address = tracker_address
         self._register_request = register_request
@@ -58,6 +64,7 @@ class Registrar:
         self._backoff_initial_s = backoff_initial_s
         self._backoff_cap_s = backoff_cap_s
         self._on_fence_floors = on_fence_floors
+        self._deregister_request = deregister_request
         self._stop = threading.Event()
         # gRPC's own reconnect backoff grows to 120 s by default; cap it at ours, so an agent whose
         # tracker was down a long while registers within backoff_cap_s of it coming back.
@@ -81,11 +88,37 @@ class Registrar:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop heartbeating and join the thread (bounded by one RPC deadline)."""
+        """Stop heartbeating, join the thread, then deregister once (when built to).
+
+        The join waits for a call in flight (one RPC deadline); Deregister has a deadline of its
+        own, and when it fails the stop goes on after one warning. Idempotent.
+        """
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._rpc_timeout_s + 1.0)
-        self._channel.close()
+            if self._thread.is_alive():
+                _LOG.warning("the registration thread did not end within its deadline")
+        try:
+            if self._deregister_request is not None:
+                self._deregister(self._deregister_request())
+        finally:
+            self._channel.close()
+
+    def _deregister(self, request: object) -> None:
+        try:
+            reply = self._stub.Deregister(
+                request, timeout=self._rpc_timeout_s, metadata=self._metadata
+            )
+        except grpc.RpcError as e:
+            _LOG.warning(
+                "could not deregister from tracker %s (%s); its devices will show LOST",
+                self.tracker_address,
+                e.code() if hasattr(e, "code") else e,
+            )
+            return
+        _LOG.info("deregistered %d device(s) from tracker %s", reply.removed, self.tracker_address)
 
     def _loop(self) -> None:
         backoff_s = self._backoff_initial_s

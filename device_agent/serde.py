@@ -227,3 +227,8 @@ def register_request(
 def heartbeat_request(agent_id: str) -> tracker_pb2.HeartbeatRequest:
     """What the agent sends the tracker every heartbeat interval."""
     return tracker_pb2.HeartbeatRequest(agent_id=agent_id)
+
+
+def deregister_request(agent_id: str) -> tracker_pb2.DeregisterRequest:
+    """What the agent sends the tracker once when it stops gracefully."""
+    return tracker_pb2.DeregisterRequest(agent_id=agent_id)

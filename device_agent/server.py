@@ -5,7 +5,13 @@ request waiting for its device is a suspended coroutine, not a parked thread (se
 carries the Agent service, behind the bearer-token interceptor when the config has pool secrets
 and the strict decoding interceptor, and the standard gRPC health service (SERVING while up,
 exempt from auth). With `config.tls` set it listens with TLS (mutual TLS when a client CA is
-given). `create_server` and `AgentServer` are synchronous, for the CLI and the tests.
+given). With `metrics_port` it also serves Prometheus /metrics over HTTP on the listen host
+(`device_agent.metrics`; prometheus_client is imported only then). `create_server` and
+`AgentServer` are synchronous, for the CLI and the tests.
+
+`AgentServer.stop()` is the graceful stop (SIGTERM, SIGINT, the end of a `with`): the registrar
+stops heartbeating and deregisters the devices before the RPC server stops, so the tracker hands
+out no new lease on them while in-flight calls finish.
 """
 
 from __future__ import annotations
@@ -14,13 +20,14 @@ import asyncio
 import logging
 import threading
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from device_agent import serde
-from device_agent.agent import Agent
+from device_agent.agent import Agent, agent_version
 from device_agent.auth import async_agent_interceptor
 from device_agent.config import AgentConfig
 from device_agent.leases import LeaseVerifier
@@ -30,6 +37,9 @@ from protos import agent_pb2_grpc
 from protos.aio_loop import LoopThread, bind_port
 from protos.auth import Role, server_credentials
 from protos.decoding import AsyncStrictDecoding
+
+if TYPE_CHECKING:
+    from device_agent.metrics import AgentMetrics
 
 _LOG = logging.getLogger(__name__)
 # Run carries whole tensors both ways; gRPC's 4 MiB default would cap them. Uploads stream in
@@ -44,10 +54,14 @@ _OPTIONS = [
 ]
 # How long stop() waits beyond the grace period for the server, then for the loop's thread.
 _STOP_SLACK_S = 5.0
+_WILDCARD_HOSTS = ("", "0.0.0.0", "[::]", "::")
 
 
 class AgentServer:
-    """A serving agent; `stop()` ends registration, the RPC server, the executors, the threads."""
+    """A serving agent; `stop()` ends registration, the RPC server, the executors, the threads.
+
+    `metrics_url` is "http://host:port/metrics" when it serves metrics, else "".
+    """
 
     def __init__(
         self,
@@ -57,9 +71,13 @@ class AgentServer:
         servicer: AgentServicer,
         registrar: Registrar | None,
         health_servicer: health.aio.HealthServicer,
+        metrics: AgentMetrics | None = None,
+        metrics_url: str = "",
     ) -> None:
         self.agent = agent
         self.registrar = registrar
+        self.metrics_url = metrics_url
+        self._metrics = metrics
         self._loop = loop
         self._server: grpc.aio.Server | None = server
         self._servicer = servicer
@@ -70,8 +88,10 @@ class AgentServer:
     def stop(self, grace_s: float | None = None) -> None:
         """Stop everything; in-flight RPCs get `grace_s` (default config.stop_grace_s). Idempotent.
 
-        Afterwards no thread of the agent's is left: the loop's, the job pool's, the executors'
-        log readers and the registrar's have ended.
+        First the devices leave the tracker (`Registrar.stop`: heartbeats end, then one Deregister
+        bounded by config.rpc_timeout_s); the metrics endpoint stops last. Afterwards no thread of
+        the agent's is left: the loop's, the job pool's, the executors' log readers, the
+        registrar's and the metrics server's have ended.
         """
         if self._stopped:
             return
@@ -93,6 +113,8 @@ class AgentServer:
         self._servicer.close()  # prompt: the executors are closed, so no job is left running
         self._loop.stop(_STOP_SLACK_S)
         self._server = None  # grpc's own poller thread ends with the last aio server object
+        if self._metrics is not None:
+            self._metrics.close()
         self._terminated.set()
         _LOG.info("agent %s stopped", self.agent.agent_id)
 
@@ -116,8 +138,13 @@ def create_server(
     listen: str = "127.0.0.1:0",
     config: AgentConfig | None = None,
     lease_verifier: LeaseVerifier | None = None,
+    metrics_port: int | None = None,
 ) -> tuple[AgentServer, int, Agent]:
     """Bind `listen`, start serving, and register with the tracker when one is configured.
+
+    Args:
+        metrics_port: serve Prometheus /metrics on the listen host at this port (0 = pick one);
+            None = no metrics endpoint (and prometheus_client is not imported).
 
     Returns:
         (server, port, agent): `port` is the bound port (the real one when `listen` ends in :0);
@@ -126,7 +153,8 @@ def create_server(
     Raises:
         protos.auth.SecretsError: unreadable TLS files, or secrets without a needed entry.
         ValueError, RuntimeError: a bad backend or pinning (see `Agent`).
-        OSError: nothing could be bound at `listen`.
+        OSError: nothing could be bound at `listen`, or at the metrics port.
+        ImportError: `metrics_port` is given and prometheus_client is not installed.
     """
     config = config or AgentConfig()
     agent_token = None
@@ -143,11 +171,14 @@ def create_server(
         loop.stop()
         raise
     address = f"{config.advertise_host}:{port}"
-    agent = servicer = None
+    agent = servicer = metrics = None
+    metrics_url = ""
     try:
         agent = Agent(config, address, lease_verifier)
         servicer = AgentServicer(agent)
         health_servicer = loop.call(_serve(server, servicer))
+        if metrics_port is not None:
+            metrics, metrics_url = _serve_metrics(agent, listen, metrics_port)
     except BaseException:
         loop.call(server.stop(None))
         if agent is not None:
@@ -168,6 +199,7 @@ def create_server(
             token=agent_token,
             tls=config.tracker_tls,
             on_fence_floors=agent.end_leases_below,
+            deregister_request=lambda: serde.deregister_request(agent.agent_id),
         )
         registrar.start()
     _LOG.info(
@@ -177,7 +209,40 @@ def create_server(
         config.backend,
         address,
     )
-    return AgentServer(loop, server, agent, servicer, registrar, health_servicer), port, agent
+    if metrics_url:
+        _LOG.info("metrics at %s", metrics_url)
+    serving = AgentServer(
+        loop, server, agent, servicer, registrar, health_servicer, metrics, metrics_url
+    )
+    return serving, port, agent
+
+
+def _serve_metrics(agent: Agent, listen: str, port: int) -> tuple[AgentMetrics, str]:
+    """Serve `agent`'s metrics on the host of `listen`; returns them and their URL.
+
+    Raises:
+        ImportError: prometheus_client is not installed.
+        OSError: the port could not be bound.
+    """
+    from device_agent.metrics import AgentMetrics  # prometheus-client only when asked for
+
+    host = listen.rpartition(":")[0]
+    metrics = AgentMetrics(agent, agent_version())
+    try:
+        bound = metrics.serve(_bind_host(host), port)
+    except OSError as e:
+        raise OSError(f"cannot serve metrics on {host}:{port}: {e}") from e
+    url_host = agent.config.advertise_host if host in _WILDCARD_HOSTS else host
+    return metrics, f"http://{url_host}:{bound}/metrics"
+
+
+def _bind_host(host: str) -> str:
+    """The address the metrics HTTP server binds: the listen host, bracket-free for IPv6."""
+    if host in ("", "0.0.0.0"):
+        return "0.0.0.0"
+    if host in ("[::]", "::"):
+        return "::"
+    return host.strip("[]")
 
 
 async def _bind(

@@ -132,6 +132,20 @@ def _release(lock: asyncio.Lock, future: asyncio.Future[Any]) -> None:
         future.exception()  # retrieved here when its RPC was cancelled and nobody awaits it
 
 
+def _upload_outcome(error: BaseException) -> str:
+    """Why an Upload stored nothing, as `AgentStats.upload_done` counts it."""
+    for kind, outcome in (
+        (asyncio.CancelledError, "cancelled"),
+        (InvalidRequestError, "invalid"),
+        (ArtifactTooLargeError, "too_large"),
+        (HashMismatchError, "hash_mismatch"),
+        (TruncatedUploadError, "truncated"),
+    ):
+        if isinstance(error, kind):
+            return outcome
+    return "error"
+
+
 def _commit(pending: PendingArtifact) -> CachedArtifact:
     """`pending.commit()`, aborting it on any failure (it runs on after a client leaves)."""
     try:
@@ -163,6 +177,17 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self,
         request_iterator: AsyncIterator[agent_pb2.UploadChunk],
         context: grpc.aio.ServicerContext,
+    ) -> agent_pb2.UploadResponse:
+        try:
+            response = await self._upload(request_iterator)
+        except BaseException as e:
+            self._agent.stats.upload_done(_upload_outcome(e))
+            raise
+        self._agent.stats.upload_done("stored", response.size_bytes)
+        return response
+
+    async def _upload(
+        self, request_iterator: AsyncIterator[agent_pb2.UploadChunk]
     ) -> agent_pb2.UploadResponse:
         first = await anext(request_iterator, None)
         if first is None or not first.HasField("meta"):

@@ -34,10 +34,11 @@ ALLOWED_THIRD_PARTY: dict[str, set[str] | None] = {
 
 # Files (paths relative to the root, or folders ending in "/") that may import more than their
 # package: the ONNX front end and the model builders read and write ONNX; nothing else in the
-# compiler needs onnx installed.
+# compiler needs onnx installed. The agent's metrics module is imported only for --metrics-port.
 EXTRA_THIRD_PARTY: dict[str, set[str]] = {
     "compiler/frontend/": {"onnx"},
     "compiler/zoo.py": {"onnx"},
+    "device_agent/metrics.py": {"prometheus_client"},
 }
 
 
