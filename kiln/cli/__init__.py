@@ -4,6 +4,7 @@
     network   kiln tune / build / run MODEL         tune, compile and run a whole network
     demo      kiln demo                             the whole story on a local pool
     devices   kiln devices --tracker HOST:PORT      a pool's devices, backend and tags
+    deploy    kiln deploy up|status|down INVENTORY  agents onto hosts over SSH
     records   kiln records summary|plot SOURCE      read tuning records
     zoo       kiln models list|export               the reference models as .onnx files
 
@@ -29,7 +30,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from kiln.cli import common, demo, devices, network, records, tune_op, zoo  # noqa: E402
+from kiln.cli import common, demo, deploy, devices, network, records, tune_op, zoo  # noqa: E402
 from kiln.cli.errors import CliError  # noqa: E402
 
 DESCRIPTION = """Tune deep-learning tensor programs on a pool of devices.
@@ -38,6 +39,7 @@ examples:
   kiln demo                                             # tune, build and time ResNet-18 locally
   kiln tune-op dense --shape 512,512,512 --trials 64 --records r.jsonl
   kiln devices --tracker HOST:PORT --token-file pool.secrets
+  kiln deploy up hosts.toml                             # agents onto the inventory's hosts
   kiln tune net.onnx --tracker HOST:PORT --key x86 --trials 512 --records r.jsonl
   kiln build net.onnx --records r.jsonl -o net.kiln
   kiln run net.kiln --input x.npy --check net.onnx
@@ -61,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="warning", help="debug, info, warning (default) or error"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (tune_op, devices, records, zoo, network, demo):
+    for group in (tune_op, devices, deploy, records, zoo, network, demo):
         group.add_parser(sub)
     return parser
 

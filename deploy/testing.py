@@ -1,0 +1,271 @@
+"""Real OpenSSH servers on 127.0.0.1 for the deploy tests and benchmark: each `SshdServer` is one
+"host", with its own generated host key, port and authorized keys, in a temporary folder.
+
+Needs Debian's openssh-server (/usr/sbin/sshd) and ssh-keygen; `sshd_available()` says whether they
+are here. sshd runs in the foreground (-D) as a child of the test, which ends it by its pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+from protos import tracker_pb2, tracker_pb2_grpc
+from protos.auth import PoolSecrets, Role, call_metadata, write_secrets
+
+SSHD = "/usr/sbin/sshd"
+_REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 10.0
+
+
+def sshd_available() -> bool:
+    """Whether sshd and ssh-keygen are installed."""
+    return os.path.exists(SSHD) and shutil.which("ssh-keygen") is not None
+
+
+def keygen(path: Path, kind: str = "ed25519") -> Path:
+    """A new passphrase-less key pair at `path` (and `path`.pub); returns `path`."""
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "kiln-test", "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SshdServer:
+    """One sshd on 127.0.0.1 accepting `authorized_key` for the current user (key auth only).
+
+    Args:
+        workdir: a folder of its own (host key, config, log).
+        authorized_key: the public key file of the client.
+    """
+
+    def __init__(self, workdir: Path, authorized_key: Path) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.host_key = workdir / "ssh_host_ed25519_key"
+        if not self.host_key.exists():
+            keygen(self.host_key)
+        self.authorized_keys = workdir / "authorized_keys"
+        self.authorized_keys.write_text(authorized_key.read_text())
+        self.authorized_keys.chmod(0o600)
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "sshd.log"
+
+    def known_hosts_line(self) -> str:
+        """This server's line for a known_hosts file."""
+        kind, blob = self.host_key.with_suffix(".pub").read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {kind} {blob}\n"
+
+    def _config(self) -> Path:
+        config = self.workdir / "sshd_config"
+        config.write_text(
+            f"Port {self.port}\n"
+            "ListenAddress 127.0.0.1\n"
+            f"HostKey {self.host_key}\n"
+            f"PidFile {self.workdir / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {self.authorized_keys}\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\n"
+            "PermitRootLogin prohibit-password\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            "MaxStartups 100:30:200\n"
+            "MaxSessions 50\n"
+            "Subsystem sftp internal-sftp\n"
+            "LogLevel ERROR\n"
+        )
+        return config
+
+    def start(self) -> None:
+        """Start sshd on a free port and wait until it accepts connections.
+
+        Raises:
+            RuntimeError: it exited or did not listen within START_TIMEOUT_S.
+        """
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # its privilege-separation folder
+        self.port = free_port()
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(self._config())],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"sshd exited: {self.log.read_text(errors='replace')[-800:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"sshd did not listen on {self.port}") from None
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Stop sshd (its pid only), waiting for it to exit."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def __enter__(self) -> SshdServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalPool:
+    """A real `kiln-tracker` process with pool secrets, `hosts` sshd "hosts" on this machine, and
+    inventories naming them (agents under `process` service, installed under `workdir`/hosts).
+
+    Args:
+        workdir: a folder of its own.
+        hosts: how many sshd hosts.
+        host_python: the Python the hosts make their virtualenvs with.
+    """
+
+    def __init__(self, workdir: Path, hosts: int, host_python: str) -> None:
+        self.count = hosts
+        self.host_python = host_python
+        self.workdir = workdir
+        self.key = f"deploy-{uuid.uuid4().hex[:8]}"
+        self.secrets_path = workdir / "pool.secrets"
+        self.secrets: PoolSecrets = write_secrets(self.secrets_path)
+        self.client_key = keygen(workdir / "id_ed25519")
+        self.known_hosts = workdir / "known_hosts"
+        self.servers = [
+            SshdServer(workdir / f"sshd{i}", self.client_key.with_suffix(".pub"))
+            for i in range(hosts)
+        ]
+        self.tracker: subprocess.Popen[bytes] | None = None
+        self.tracker_address = ""
+
+    def start(self) -> None:
+        for server in self.servers:
+            server.start()
+        self.known_hosts.write_text("".join(s.known_hosts_line() for s in self.servers))
+        ready = self.workdir / "tracker.ready"
+        with open(self.workdir / "tracker.log", "wb") as log:
+            self.tracker = subprocess.Popen(
+                [sys.executable, "-m", "tracker", "--listen", "127.0.0.1:0",
+                 "--token-file", str(self.secrets_path), "--heartbeat-interval-s", "0.5",
+                 "--startup-grace-s", "0", "--ready-file", str(ready)],
+                cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT_S * 2
+        while not ready.exists():
+            if self.tracker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "the tracker did not start: see " + str(self.workdir / "tracker.log")
+                )
+            time.sleep(0.02)
+        self.tracker_address = ready.read_text().splitlines()[0]
+
+    def root(self, i: int) -> Path:
+        return self.workdir / "hosts" / f"h{i}"
+
+    def inventory(self, name: str = "hosts.toml", **overrides: dict[str, object]) -> Path:
+        """An inventory of all hosts; `overrides[hN]` replaces settings of host hN."""
+        lines = [
+            "[pool]",
+            f'tracker = "{self.tracker_address}"',
+            f'secrets = "{self.secrets_path}"',
+            "",
+            "[defaults]",
+            'user = "root"',
+            f'key_file = "{self.client_key}"',
+            f'known_hosts = "{self.known_hosts}"',
+            'service = "process"',
+            f'python = "{self.host_python}"',
+            f'key = "{self.key}"',
+            'backend = "cpu"',
+            'listen = "127.0.0.1:0"',
+            "connect_timeout_s = 5",
+        ]
+        for i, server in enumerate(self.servers):
+            settings: dict[str, object] = {
+                "name": f"h{i}",
+                "address": "127.0.0.1",
+                "port": server.port,
+                "root": str(self.root(i)),
+                "devices": 2 if i == 0 else 1,
+                "tags": {"rack": f"r{i}"},
+            }
+            settings.update(overrides.get(f"h{i}", {}))
+            lines += ["", "[[host]]"]
+            for k, v in settings.items():
+                if isinstance(v, dict):
+                    inner = ", ".join(f'{a} = "{b}"' for a, b in v.items())
+                    lines.append(f"{k} = {{ {inner} }}")
+                elif isinstance(v, str):
+                    lines.append(f'{k} = "{v}"')
+                else:
+                    lines.append(f"{k} = {v}")
+        path = self.workdir / name
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def devices(self) -> dict[str, str]:
+        """device id -> state name, of this pool's key."""
+        with grpc.insecure_channel(self.tracker_address) as channel:
+            reply = tracker_pb2_grpc.TrackerStub(channel).ListDevices(
+                tracker_pb2.ListDevicesRequest(key=self.key),
+                timeout=10,
+                metadata=call_metadata(self.secrets.token(Role.CLIENT)),
+            )
+        return {d.spec.device_id: tracker_pb2.DeviceState.Name(d.state) for d in reply.devices}
+
+    def supervisor_pid(self, i: int) -> int | None:
+        try:
+            return int((self.root(i) / "supervisor.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def kill_agents(self) -> None:
+        """End the agents this test's deploys started, by their supervisors' process groups."""
+        for i in range(self.count):
+            pid = self.supervisor_pid(i)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        self.kill_agents()
+        if self.tracker is not None:
+            self.tracker.terminate()
+            self.tracker.wait(10)
+        for server in self.servers:
+            server.stop()
