@@ -9,12 +9,13 @@ need=()
 # aarch64-linux-gnu-gcc + qemu-aarch64: cross builds and the agent's qemu backend; clang: the
 # second host toolchain; openssl: test certificates for TLS; sshd + ssh-keygen: `kiln deploy`'s
 # tests run real OpenSSH servers on 127.0.0.1; systemd(-analyze) checks the generated units and
-# python3-yaml reads deploy/compose.yaml in its test.
+# python3-yaml reads deploy/compose.yaml in its test; debootstrap makes the root file system of
+# the systemd host that test_deploy_systemd boots (cached in /var/cache/kiln-tests).
 for pair in redis-server:redis-server gcc:gcc aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu \
             /usr/aarch64-linux-gnu/include/stdio.h:libc6-dev-arm64-cross \
             qemu-aarch64:qemu-user clang:clang openssl:openssl \
             /usr/sbin/sshd:openssh-server ssh-keygen:openssh-client systemd-analyze:systemd \
-            /usr/lib/python3/dist-packages/yaml/__init__.py:python3-yaml; do
+            /usr/lib/python3/dist-packages/yaml/__init__.py:python3-yaml /usr/sbin/debootstrap:debootstrap; do
   cmd=${pair%%:*} pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -e "$cmd" ] || need+=("$pkg")
 done
