@@ -42,7 +42,7 @@ STORE_ENV = "KILN_TRACKER_STORE"
 _SHUTDOWN_GRACE_S = 2.0
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln-tracker", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:9190", help="host:port; port 0 = any free")
     parser.add_argument("--heartbeat-interval-s", type=float, default=2.0)
@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["init-secrets"]:
         return init_secrets(argv[1:])
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

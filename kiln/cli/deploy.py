@@ -2,16 +2,19 @@
 
     kiln deploy up INVENTORY [--host NAME ...] [--accept-new-host-keys] [--wait-s 60]
     kiln deploy upgrade|restart|status|down INVENTORY [--host NAME ...]
+    kiln deploy tracker-unit [--user] [--run-as kiln-tracker] [--working-dir D] -- TRACKER_ARGS
 
-Prints one row per host (host, result, devices at the tracker, seconds, what changed or why it
+The inventory operations print one row per host (host, result, devices at the tracker, seconds, what changed or why it
 failed) and a summary line. Exit status 0 when every host succeeded, 1 when any failed, 2 for a
-bad inventory or flag.
+bad inventory or flag. `tracker-unit` prints a systemd unit that runs `kiln-tracker TRACKER_ARGS`
+with this Python (the arguments are checked by the tracker's own parser first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from kiln.cli import table
@@ -57,6 +60,50 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         )
         p.add_argument("--parallel", type=int, default=16, help="hosts at once (default 16)")
         p.add_argument("--json", action="store_true", help="one JSON object per host")
+    t = dsub.add_parser(
+        "tracker-unit",
+        help="print a systemd unit that runs kiln-tracker with these arguments",
+        description="e.g. kiln deploy tracker-unit -- --listen 0.0.0.0:9190 "
+        "--token-file /etc/kiln/pool.secrets --store-file /etc/kiln/store-url "
+        "> /etc/systemd/system/kiln-tracker.service (then: useradd --system kiln-tracker; "
+        "install -d -o kiln-tracker /var/lib/kiln-tracker; systemctl enable --now kiln-tracker)",
+    )
+    t.add_argument("--user", action="store_true", help="a `systemctl --user` unit")
+    t.add_argument(
+        "--run-as", default="kiln-tracker", help="system units: the user it runs as (kiln-tracker)"
+    )
+    t.add_argument(
+        "--working-dir",
+        default="/var/lib/kiln-tracker",
+        help="its working folder, the one place it may write (default /var/lib/kiln-tracker)",
+    )
+    t.add_argument("--python", default=sys.executable, help="default: the Python running kiln")
+    t.add_argument("tracker_args", nargs=argparse.REMAINDER, help="-- then kiln-tracker's flags")
+    t.set_defaults(func=tracker_unit)
+
+
+def tracker_unit(args: argparse.Namespace) -> int:
+    """Print the tracker's unit for `args.tracker_args` after the tracker's parser accepts them."""
+    from deploy.units import render_unit, tracker_service
+    from tracker.__main__ import build_parser
+
+    tracker_args = args.tracker_args[1:] if args.tracker_args[:1] == ["--"] else args.tracker_args
+    try:
+        build_parser().parse_args(tracker_args)
+    except SystemExit:
+        raise CliError.usage("kiln-tracker would refuse those arguments (see above)") from None
+    try:
+        service = tracker_service(
+            args.python,
+            tracker_args,
+            working_dir=args.working_dir,
+            user_mode=args.user,
+            run_as="" if args.user else args.run_as,
+        )
+        print(render_unit(service), end="")
+    except ValueError as error:
+        raise CliError.usage(str(error)) from None
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -370,13 +371,13 @@ def test_agent_unit_starts_what_the_agent_accepts(user_mode: bool) -> None:
 
 @pytest.mark.parametrize("user_mode", [False, True])
 def test_tracker_unit_starts_what_the_tracker_accepts(user_mode: bool) -> None:
-    from tracker.__main__ import _parser
+    from tracker.__main__ import build_parser
 
     text, argv = tracker_unit_text("/opt/kiln/venv/bin/python", user_mode)
     parsed = exec_argv(text)
     assert parsed == argv
     assert parsed[1:3] == ["-m", "tracker"]
-    args = _parser().parse_args(parsed[3:])
+    args = build_parser().parse_args(parsed[3:])
     assert args.token_file == "/etc/kiln/pool secrets"
     assert args.listen == "0.0.0.0:9190"
 
@@ -751,7 +752,7 @@ def load_yaml(path: Path) -> Any:
 
 
 def test_compose_runs_a_tracker_the_tracker_accepts_on_a_healthy_redis() -> None:
-    from tracker.__main__ import _parser, is_loopback
+    from tracker.__main__ import build_parser, is_loopback
     from tracker.store import is_store_name
 
     compose = load_yaml(ROOT / "deploy" / "compose.yaml")
@@ -770,7 +771,7 @@ def test_compose_runs_a_tracker_the_tracker_accepts_on_a_healthy_redis() -> None
     command = tracker["command"]
     assert all(isinstance(word, str) for word in command), command
     assert command[:3] == ["python", "-m", "tracker"]
-    args = _parser().parse_args(command[3:])
+    args = build_parser().parse_args(command[3:])
     # What main() checks after parsing: a store it has, and a token file on a public address.
     assert is_store_name(args.store) and args.store.startswith("redis://redis:")
     host, port = args.listen.rsplit(":", 1)
@@ -806,3 +807,31 @@ def test_tracker_dockerfile_copies_what_exists_and_installs_the_tracker_extra() 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "tracker" in extras["optional-dependencies"]
     assert 'pip install ".[tracker]"' in text
+
+
+# ------------------------------------------------------------------ kiln deploy tracker-unit (CLI)
+
+
+@NEEDS_ANALYZE
+def test_tracker_unit_command_prints_a_unit_that_verifies(tmp_path: Path) -> None:
+    python = stand_in_python(tmp_path / "bin" / "python")
+    flags = ["--listen", "0.0.0.0:9190", "--token-file", "/etc/kiln/pool.secrets"]
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln", "deploy", "tracker-unit", "--python", str(python),
+         "--run-as", "root", "--", *flags],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert exec_argv(result.stdout) == [str(python), "-m", "tracker", *flags]
+    path = tmp_path / "kiln-tracker.service"
+    path.write_text(result.stdout)
+    assert analyze_verify(path, user_mode=False) == (0, [])
+
+
+def test_tracker_unit_command_refuses_what_the_tracker_refuses() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln", "deploy", "tracker-unit", "--", "--no-such-flag"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--no-such-flag" in result.stderr and result.stdout == ""

@@ -205,11 +205,11 @@ def test_the_store_url_comes_from_a_file_or_the_environment_and_is_never_echoed(
 def test_the_store_url_is_read_from_the_file_then_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tracker.__main__ import _parser, _store_url
+    from tracker.__main__ import _store_url, build_parser
 
     url_file = tmp_path / "store.url"
     url_file.write_text("redis://:pw@10.0.0.5:6379/0\n")
-    parser = _parser()
+    parser = build_parser()
     monkeypatch.setenv("KILN_TRACKER_STORE", "redis://env:6379/1")
     assert _store_url(parser, parser.parse_args(["--store-file", str(url_file)])) == (
         "redis://:pw@10.0.0.5:6379/0"
