@@ -268,6 +268,9 @@ def _host(entry: Any, defaults: dict[str, Any], base: Path, where: str) -> Host:
     listen = merged.get("listen", "0.0.0.0:9300")
     if ":" not in listen:
         raise InventoryError(f'{where}: listen must be "HOST:PORT", got {listen!r}')
+    root = merged.get("root", "")
+    if root and os.path.normpath(root) in ("/", ".", "~", ".."):
+        raise InventoryError(f"{where}: root must be a folder of Kiln's own, got {root!r}")
     key_file = merged.get("key_file", "")
     known_hosts = merged.get("known_hosts", "~/.ssh/known_hosts")
     return Host(
@@ -278,7 +281,7 @@ def _host(entry: Any, defaults: dict[str, Any], base: Path, where: str) -> Host:
         port=port,
         key_file=str(_local_path(key_file, base)) if key_file else "",
         known_hosts=str(_local_path(known_hosts, base)),
-        root=merged.get("root", "") or _default_root(service, merged["name"]),
+        root=root or _default_root(service, merged["name"]),
         service=service,
         python=merged.get("python", "python3"),
         tags=dict(tags),

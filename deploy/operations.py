@@ -18,6 +18,7 @@ import logging
 import shlex
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -146,7 +147,12 @@ class Deployer:
         self._tls = TlsFiles(ca=str(ca)) if ca is not None else None
         self._wheel_locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
-        self._tracker_ca = ca.read_bytes() if ca is not None else None
+        try:
+            self._tracker_ca = ca.read_bytes() if ca is not None else None
+        except OSError as error:
+            raise DeployError(
+                f"{inventory.path}: cannot read tracker_tls_ca {ca}: {error.strerror}"
+            ) from None
 
     # -- operations over many hosts -------------------------------------------------------------
 
@@ -203,6 +209,9 @@ class Deployer:
             changes: list[str] = []
             want = agent_version()
             installed = (conn.read_file(layout.installed) or b"").decode().strip()
+            venv_ok = conn.run(f"test -x {shlex.quote(layout.python)}", check=False, timeout_s=30)
+            if venv_ok.exit_status != 0:
+                installed = ""  # the virtualenv went missing: install afresh
             outdated = ""
             if not installed or (upgrade and installed != want):
                 if self._sync_wheels(conn, layout, platform):
@@ -273,21 +282,37 @@ class Deployer:
     def _install(
         self, conn: Connection, host: Host, layout: Layout, version: str, fresh: bool
     ) -> None:
-        """The agent's virtualenv with `version` installed from the host's wheels. A fresh install
-        (nothing recorded as installed, perhaps a killed earlier try) starts from an empty venv."""
-        venv = shlex.quote(layout.venv)
+        """The agent's virtualenv with `version` installed from the host's wheels.
+
+        A fresh install (nothing recorded as installed: a first `up`, or one killed half-way)
+        builds a new virtualenv under a name of its own and renames it into place only once it
+        works: a killed earlier try's remote processes may still be writing into theirs.
+        """
+        python = layout.python
         if fresh:
+            building = f"{layout.venv}.new-{uuid.uuid4().hex[:8]}"
+            stale = f"{shlex.quote(layout.venv)}.new-*"
             conn.run(
-                f"{host.python} -m venv --clear {venv}", step="create virtualenv", timeout_s=300
+                f"rm -rf {stale} 2>/dev/null; {host.python} -m venv {shlex.quote(building)}",
+                step="create virtualenv",
+                timeout_s=300,
             )
+            python = f"{building}/bin/python"
         pip = (
-            f"{shlex.quote(layout.python)} -m pip install --disable-pip-version-check --quiet "
+            f"{shlex.quote(python)} -m pip install --disable-pip-version-check --quiet "
             f"--no-index --find-links {shlex.quote(layout.wheels)} "
             f"{shlex.quote(f'kiln-agent=={version}')}"
         )
         conn.run(pip, step="pip install", timeout_s=_PIP_TIMEOUT_S)
-        check = f"{shlex.quote(layout.python)} -c 'import device_agent.agent, grpc, numpy'"
+        check = f"{shlex.quote(python)} -c 'import device_agent.agent, grpc, numpy'"
         conn.run(check, step="check install", timeout_s=120)
+        if fresh:
+            venv = shlex.quote(layout.venv)
+            conn.run(
+                f"rm -rf {venv} && mv {shlex.quote(building)} {venv}",
+                step="move virtualenv into place",
+                timeout_s=120,
+            )
         conn.write_file(layout.installed, f"{version}\n".encode(), mode=0o644)
 
     def _put_if_changed(self, conn: Connection, path: str, data: bytes, mode: int) -> bool:

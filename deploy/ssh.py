@@ -28,6 +28,8 @@ from deploy.inventory import Host
 _LOG = logging.getLogger(__name__)
 # One writer at a time to a known_hosts file (hosts connect in parallel).
 _KNOWN_HOSTS_LOCK = threading.Lock()
+_POLL_MIN_S = 0.002
+_POLL_MAX_S = 0.1
 
 
 class SshError(RuntimeError):
@@ -182,11 +184,14 @@ class Connection:
             channel.shutdown_write()
             out, err = io.BytesIO(), io.BytesIO()
             end = time.monotonic() + deadline_s
+            idle_s = _POLL_MIN_S
             while True:
                 if channel.recv_ready():
                     out.write(channel.recv(65536))
+                    idle_s = _POLL_MIN_S
                 elif channel.recv_stderr_ready():
                     err.write(channel.recv_stderr(65536))
+                    idle_s = _POLL_MIN_S
                 elif channel.exit_status_ready():
                     # Drain what arrived with the exit status.
                     while channel.recv_ready():
@@ -200,7 +205,9 @@ class Connection:
                         f"{self.host.name}: {label} did not finish within {deadline_s:g} s"
                     )
                 else:
-                    time.sleep(0.005)
+                    # Quick commands answer in a few ms; a long one (pip) is polled ever less often.
+                    time.sleep(idle_s)
+                    idle_s = min(idle_s * 2, _POLL_MAX_S)
             status = channel.recv_exit_status()
             channel.close()
         except (OSError, paramiko.SSHException, EOFError) as error:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -180,6 +182,19 @@ def test_unreachable_host_and_wrong_key_fail_alone(pool: LocalPool) -> None:
     assert deploy("down", str(inventory), "--host", "h0").returncode == 0
 
 
+def test_a_host_that_never_answers_fails_by_its_deadline(pool: LocalPool) -> None:
+    # A listener that completes the TCP handshake (the kernel's backlog) and never speaks SSH.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        inventory = pool.inventory(h1={"port": silent.getsockname()[1], "connect_timeout_s": 2})
+        status = deploy("status", str(inventory), "--host", "h1")
+    assert status.returncode == 1
+    result, _, seconds, detail = rows(status.stdout)["h1"]
+    assert result == "failed" and ("did not answer" in detail or "cannot connect" in detail), detail
+    assert float(seconds) < 30
+
+
 def test_killed_half_way_then_up_again_finishes(pool: LocalPool) -> None:
     inventory = pool.inventory()
     process = subprocess.Popen(
@@ -188,7 +203,11 @@ def test_killed_half_way_then_up_again_finishes(pool: LocalPool) -> None:
     )  # fmt: skip
     try:
         # Killed once the virtualenv is being made: before anything was recorded as installed.
-        wait_until("the install to begin", (pool.root(0) / "venv").exists, timeout_s=120)
+        wait_until(
+            "the install to begin",
+            lambda: any(pool.root(0).glob("venv.new-*/bin/python")),
+            timeout_s=120,
+        )
     finally:
         process.kill()
         process.wait(10)
@@ -206,6 +225,11 @@ def test_killed_half_way_then_up_again_finishes(pool: LocalPool) -> None:
     upgrade = deploy("upgrade", str(inventory), "--host", "h0")
     assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
     assert rows(upgrade.stdout)["h0"][0] == "upgraded"
+    # A virtualenv that went missing is made again.
+    shutil.rmtree(pool.root(0) / "venv")
+    repaired = deploy("up", str(inventory), "--host", "h0")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert rows(repaired.stdout)["h0"][0] == "installed"
     restart = deploy("restart", str(inventory), "--host", "h0")
     assert restart.returncode == 0 and rows(restart.stdout)["h0"][0] == "restarted"
     assert pool.devices() == {"h0/0": "FREE", "h0/1": "FREE"}

@@ -80,6 +80,7 @@ def test_user_defaults_to_the_local_login(tmp_path: Path) -> None:
         (('name = "edge1"', 'name = "edge 1"'), "host name (the agent id) must be"),
         (('name = "big"', 'name = "edge1"'), "two hosts are named 'edge1'"),
         (("port = 2222", "port = 70000"), "port must be 1..65535"),
+        (("port = 2222", 'port = 2222\nroot = "/"'), "root must be a folder of Kiln's own"),
         (('service = "systemd"', 'service = "upstart"'), "service must be one of"),
         (("devices = 2", "devices = 0"), "devices must be 1..1024"),
         (('key = "x86"', 'kee = "x86"'), "unknown setting(s) kee"),
