@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 
 import grpc
 
@@ -51,7 +52,62 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class SshdServer:
+class _SshHost:
+    """What both kinds of test host share: a child process serving SSH on `port`, ended by pid."""
+
+    port: int
+    process: subprocess.Popen[bytes] | None
+    log: Path
+    _stop_wait_s = 5.0
+
+    def _wait_for_ssh(self, what: str, timeout_s: float) -> None:
+        """Wait until the port answers with an SSH banner.
+
+        Raises:
+            RuntimeError: the process exited or no banner came within `timeout_s`.
+        """
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{what} exited: {self.log.read_text(errors='replace')[-800:]}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock,
+            ):
+                sock.settimeout(2)
+                if sock.recv(4).startswith(b"SSH-"):
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{what} did not answer SSH on port {self.port}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """End the process (its pid only; see the subclass) and wait for it."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(self._stop_wait_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(self._stop_wait_s)
+        self.process = None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SshdServer(_SshHost):
     """One sshd on 127.0.0.1 accepting `authorized_key` for the current user (key auth only).
 
     Args:
@@ -113,38 +169,7 @@ class SshdServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"sshd exited: {self.log.read_text(errors='replace')[-800:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"sshd did not listen on {self.port}") from None
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        """Stop sshd (its pid only), waiting for it to exit."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        self.process = None
-
-    def __enter__(self) -> SshdServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._wait_for_ssh("sshd", START_TIMEOUT_S)
 
 
 class LocalPool:
@@ -320,7 +345,7 @@ def build_rootfs(path: Path = DEFAULT_ROOTFS, timeout_s: float = 900.0) -> Path:
     return path
 
 
-class SystemdHost:
+class SystemdHost(_SshHost):
     """A host running systemd as its PID 1, with sshd on a port of 127.0.0.1: the `rootfs` booted
     in new pid, mount, uts and ipc namespaces (sharing this machine's network) over an overlay, so
     what a test writes stays in `workdir`. Stopping it kills its PID 1, which ends the namespace.
@@ -338,6 +363,7 @@ class SystemdHost:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.log = workdir / "boot.log"
+        self._stop_wait_s = 10.0  # unshare --kill-child: its PID 1, and so the namespace, ends too
 
     def known_hosts_line(self) -> str:
         """This host's line for a known_hosts file."""
@@ -385,40 +411,4 @@ exec chroot {merged} /usr/bin/env container=kiln-test /lib/systemd/systemd
                  "sh", str(script)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"systemd host exited: {self.log.read_text(errors='replace')[-800:]}"
-                )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.settimeout(2)
-                    if sock.recv(4).startswith(b"SSH-"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"systemd host's sshd did not listen on {self.port}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        """Kill its PID 1 (unshare --kill-child) and wait; the namespace's processes end with it."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self.process = None
-
-    def __enter__(self) -> SystemdHost:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._wait_for_ssh("systemd host", BOOT_TIMEOUT_S)
