@@ -6,6 +6,8 @@ The tuner converts these to the wire's ArtifactMeta (protos/common.proto); field
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ROLES = frozenset({"input", "output", "workspace"})
@@ -60,3 +62,23 @@ class Artifact:
             if e.symbol == symbol:
                 return e
         raise KeyError(f"artifact has no entry {symbol!r}")
+
+
+def manifest_source(entries: Sequence[Entry]) -> str:
+    """A C definition that writes the entries' specs into the shared object's bytes.
+
+    An artifact's sha256 (the digest of its bytes) is the devices' cache key, and an agent keeps
+    the entries uploaded with the first copy of a hash. Two builds with the same code but other
+    entries (a Reshape and a Transpose that both copy 24 floats; an int16 Add and a uint16 one)
+    would share a key, and the second would run with the first one's shapes and dtypes. With the
+    specs in the bytes, the same key means the same entries.
+    """
+    text = json.dumps(
+        [
+            [e.symbol, e.timing_symbol, [[a.name, list(a.shape), a.dtype, a.role] for a in e.args]]
+            for e in entries
+        ],
+        separators=(",", ":"),
+    )  # ASCII only: json escapes the rest, and C sees a plain string
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'__attribute__((used)) static const char kiln_manifest[] = "{escaped}";\n'

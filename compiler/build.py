@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from compiler.artifact import ArgSpec, Artifact, Entry
+from compiler.artifact import ArgSpec, Artifact, Entry, manifest_source
 from compiler.codegen.c import render_c
 from compiler.codegen.timing import render_timing, timing_symbol
 from compiler.lower import lower
@@ -82,11 +82,11 @@ def build_many(kernels: Sequence[Kernel], target: Target | str = "host") -> Arti
     if len(set(symbols)) != len(symbols):
         raise ValueError(f"kernel symbols repeat: {symbols}")
     tgt = get_target(target)
-    source = build_source_many(kernels, tgt)
+    entries = tuple(kernel_entry(k) for k in kernels)
+    source = build_source_many(kernels, tgt) + manifest_source(entries)
     shared = compile_shared(source, tgt)
     _LOG.debug(
         "built %s for %s (%s)", symbols, tgt.name, "cached" if shared.cache_hit else "compiled"
     )
-    entries = tuple(kernel_entry(k) for k in kernels)
     digest = hashlib.sha256(shared.data).hexdigest()
     return Artifact(shared.data, digest, "shared_object", tgt.name, entries)

@@ -37,11 +37,16 @@ def make_input(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     dtype = np.dtype(spec.dtype)
     shape = tuple(spec.shape)
     if dtype.kind in "fc":
-        return np.ascontiguousarray(rng.standard_normal(shape).astype(dtype))
+        return _c_order(rng.standard_normal(shape).astype(dtype))
     if dtype.kind == "b":
-        return np.ascontiguousarray(rng.integers(0, 2, size=shape).astype(dtype))
+        return _c_order(rng.integers(0, 2, size=shape).astype(dtype))
     low = 0 if dtype.kind == "u" else _INT_LOW
-    return np.ascontiguousarray(rng.integers(low, _INT_HIGH, size=shape).astype(dtype))
+    return _c_order(rng.integers(low, _INT_HIGH, size=shape).astype(dtype))
+
+
+def _c_order(array: np.ndarray) -> np.ndarray:
+    """`array` in C order, 0-d kept 0-d (np.ascontiguousarray makes a scalar 1-d)."""
+    return np.asarray(array, order="C")
 
 
 def make_args(
@@ -62,7 +67,7 @@ def make_args(
         if spec.role is not ArgRole.INPUT:
             out.append(np.zeros(tuple(spec.shape), dtype=np.dtype(spec.dtype)))
         elif inputs is not None:
-            out.append(np.ascontiguousarray(next(given)).copy())
+            out.append(np.array(next(given), order="C"))
         else:
             out.append(make_input(spec, rng))
     return out

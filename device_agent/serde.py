@@ -158,7 +158,8 @@ def run_result_to_pb(result: RunResult) -> agent_pb2.RunResponse:
 
 def ndarray_to_pb(array: np.ndarray) -> common_pb2.NDArray:
     """C order, little endian, as common.proto says."""
-    little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    # np.asarray, not np.ascontiguousarray: that one makes a 0-d array (a scalar) 1-d.
+    little = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
     return common_pb2.NDArray(
         shape=list(array.shape), dtype=array.dtype.name, data=little.tobytes()
     )

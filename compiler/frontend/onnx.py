@@ -23,7 +23,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from compiler.frontend import onnx_ops_shape
-from compiler.frontend.onnx_context import ImportContext, OnnxImportError
+from compiler.frontend.onnx_context import ImportContext, NotConstantInput, OnnxImportError
 from compiler.frontend.onnx_ops import CONVERTERS
 from compiler.graph.ir import Graph, GraphError
 
@@ -64,7 +64,7 @@ def load_onnx(
     try:
         return from_onnx(proto, input_shapes)
     except OnnxImportError as e:
-        raise OnnxImportError(f"{what}: {e}") from e
+        raise OnnxImportError(f"{what}: {e}", e.needs_constant) from e
 
 
 def from_onnx(
@@ -197,5 +197,7 @@ def _convert(ctx: ImportContext, node: onnx.NodeProto) -> None:
         converter(ctx)
     except OnnxImportError:
         raise
+    except NotConstantInput as e:
+        raise OnnxImportError(f"{where}: {e}", needs_constant=e.tensor) from e
     except (GraphError, ValueError, TypeError, KeyError, IndexError) as e:
         raise OnnxImportError(f"{where}: {e}") from e

@@ -25,7 +25,24 @@ from compiler.graph.registry import get_op
 
 
 class OnnxImportError(GraphError):
-    """An ONNX model Kiln cannot import: unreadable file, old opset, unsupported op, bad shapes."""
+    """An ONNX model Kiln cannot import: unreadable file, old opset, unsupported op, bad shapes.
+
+    `needs_constant` names the ONNX tensor when the cause is an input Kiln needs at build time (a
+    shape, axes, pads, bounds) that the model computes or takes as a graph input: a caller that
+    knows its value (an ONNX backend at run time) can bind it and import again.
+    """
+
+    def __init__(self, message: str, needs_constant: str | None = None) -> None:
+        super().__init__(message)
+        self.needs_constant = needs_constant
+
+
+class NotConstantInput(GraphError):
+    """A node's input that must be known at import is not; `tensor` is its ONNX name."""
+
+    def __init__(self, message: str, tensor: str) -> None:
+        super().__init__(message)
+        self.tensor = tensor
 
 
 class ImportContext:
@@ -101,9 +118,10 @@ class ImportContext:
             return None
         name = self.input(i)
         if name not in self.consts:
-            raise GraphError(
+            raise NotConstantInput(
                 f"input {i} ({what}, {self.node.input[i]!r}) must be a constant; "
-                "only static shapes and parameters are supported"
+                "only static shapes and parameters are supported",
+                self.node.input[i],
             )
         return self.consts[name]
 

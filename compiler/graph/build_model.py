@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.artifact import ArgSpec, Artifact, Entry
+from compiler.artifact import ArgSpec, Artifact, Entry, manifest_source
 from compiler.build import build_source_many, kernel_entry
 from compiler.codegen.timing import TIMING_PRELUDE, render_timing, timing_symbol
 from compiler.graph import passes as P
@@ -376,15 +376,6 @@ def build_model(
     blob = params_blob(params)
     # The prelude is in the kernels' unit already; only the model's own timing entry is added.
     model_timing = render_timing([MODEL_ENTRY]).removeprefix(TIMING_PRELUDE)
-    source = "\n".join(
-        [
-            build_source_many(kernels, tgt),
-            entry_source(plan),
-            packed_entry_source(plan, params, _blob_file(blob) if blob else None),
-            model_timing,
-        ]
-    )
-    shared = compile_shared(source, tgt)
     entries = tuple(kernel_entry(k) for k in kernels)
     g = plan.graph
     inputs, outputs = _specs(g, g.inputs), _specs(g, g.outputs)
@@ -398,6 +389,16 @@ def build_model(
         ),
         sum(e.flop for e in entries),
     )
+    source = "\n".join(
+        [
+            build_source_many(kernels, tgt),
+            entry_source(plan),
+            packed_entry_source(plan, params, _blob_file(blob) if blob else None),
+            model_timing,
+            manifest_source((*entries, model_entry)),
+        ]
+    )
+    shared = compile_shared(source, tgt)
     digest = hashlib.sha256(shared.data).hexdigest()
     artifact = Artifact(
         shared.data, digest, "shared_object", tgt.name, (*entries, model_entry), plan.memory.total

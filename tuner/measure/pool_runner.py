@@ -600,7 +600,7 @@ def _chunks(art: Artifact) -> Iterator[agent_pb2.UploadChunk]:
 
 
 def _ndarray_pb(array: np.ndarray) -> common_pb2.NDArray:
-    a = np.ascontiguousarray(array)
+    a = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
     data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
     return common_pb2.NDArray(shape=list(a.shape), dtype=a.dtype.name, data=data)
 

@@ -58,7 +58,8 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray]) ->
             )
         if not np.can_cast(value.dtype, np.dtype(spec.dtype), casting="same_kind"):
             raise ModelRunError(f"input {spec.name!r} must be {spec.dtype}, got {value.dtype}")
-        out.append(np.ascontiguousarray(value.astype(spec.dtype).astype(_c_dtype(spec.dtype))))
+        # np.array, not np.ascontiguousarray: that one makes a 0-d array (a scalar input) 1-d.
+        out.append(np.array(value.astype(spec.dtype), dtype=_c_dtype(spec.dtype), order="C"))
     return out
 
 
