@@ -7,6 +7,7 @@
     deploy    kiln deploy up|status|down INVENTORY  agents onto hosts over SSH
     records   kiln records summary|plot SOURCE      read tuning records
     zoo       kiln models list|export               the reference models as .onnx files
+    inspect   kiln inspect MODEL.onnx               opset, operators (supported or not), tasks
 
 Errors are one type (`errors.CliError`), printed as `kiln: <message>`: exit status 2 for bad
 usage, 1 when the work failed, 130 on Ctrl-C, 143 on SIGTERM.
@@ -30,7 +31,17 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from kiln.cli import common, demo, deploy, devices, network, records, tune_op, zoo  # noqa: E402
+from kiln.cli import (  # noqa: E402
+    common,
+    demo,
+    deploy,
+    devices,
+    inspect,
+    network,
+    records,
+    tune_op,
+    zoo,
+)
 from kiln.cli.errors import CliError  # noqa: E402
 
 DESCRIPTION = """Tune deep-learning tensor programs on a pool of devices.
@@ -43,6 +54,7 @@ examples:
   kiln tune net.onnx --tracker HOST:PORT --key x86 --trials 512 --records r.jsonl
   kiln build net.onnx --records r.jsonl -o net.kiln
   kiln run net.kiln --input x.npy --check net.onnx
+  kiln inspect net.onnx                                 # operators Kiln lacks, tasks it would tune
   kiln records plot r.jsonl -o curve.png
 """
 
@@ -63,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="warning", help="debug, info, warning (default) or error"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (tune_op, devices, deploy, records, zoo, network, demo):
+    for group in (tune_op, network, inspect, devices, deploy, records, zoo, demo):
         group.add_parser(sub)
     return parser
 
