@@ -213,26 +213,35 @@ def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host
     With configs, the graph is laid out a second time with the channel blocks the configs chose
     (`config_blocks`), when they differ from the default layout's.
     """
-    optimized = optimize(graph)
+    optimized = _outputs_written(optimize(graph))
     fusion = P.fuse(optimized)
     if configs:
         blocks = config_blocks(fusion, configs)
         if any(_blocks_of(fusion, name) != b for name, b in blocks.items()):
-            optimized = optimize(graph, blocks)
+            optimized = _outputs_written(optimize(graph, blocks))
             fusion = P.fuse(optimized)
     steps, values = lower_model(fusion, configs, target)
     kernels = steps_graph(optimized, values, steps)
     memory = P.plan_memory(kernels)
     memory.check()
-    for v in optimized.outputs:
-        if v in optimized.inputs or v in optimized.constants:
-            raise GraphError(
-                f"graph output {v!r} is a graph input or constant: no kernel writes it"
-            )
-    if len(set(optimized.outputs)) != len(optimized.outputs):
-        raise GraphError(f"graph outputs repeat: {optimized.outputs}")
     params = list(kernels.constants)
     return ModelPlan(optimized, fusion, steps, values, memory, params, extract_tasks(fusion))
+
+
+def _outputs_written(g: Graph) -> Graph:
+    """`g` with a copy (an identity node) for each output that no node writes: a graph input, a
+    constant (a folded Shape, a Constant), or an output listed twice. The model entry writes each
+    output into a buffer of its own, so each needs a kernel that writes it."""
+    seen: set[str] = set()
+    outputs = []
+    for i, v in enumerate(g.outputs):
+        if v in g.inputs or v in g.constants or v in seen:
+            v = g.add_node("identity", [v], [g.type_of(v)], name=f"output_copy_{i}")[0]
+        seen.add(v)
+        outputs.append(v)
+    if outputs != g.outputs:
+        g.set_outputs(outputs)
+    return g
 
 
 def _blocks_of(fusion: P.FusionPlan, conv: str) -> tuple[int, int]:

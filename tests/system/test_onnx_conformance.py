@@ -13,20 +13,22 @@ import shutil
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("onnx")
 
 import onnx.backend.test
+from onnx import TensorProto, helper
 
 from kiln.onnx_backend import KilnBackend, close_shared_pool, node_test_cases
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
-# Ops all of whose single-node tests pass (benchmarks/conformance.py, 2026-11-26: 35 of the 57
+# Ops all of whose single-node tests pass (benchmarks/conformance.py, 2026-11-26: 36 of the 57
 # ops Kiln imports; graph inputs used as shapes, axes, pads or bounds are bound at run time).
 CONFORMING = (
-    "Abs", "Add", "Clip", "Concat", "Div", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu",
+    "Abs", "Add", "Clip", "Concat", "Constant", "Div", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu",
     "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater", "HardSigmoid", "HardSwish",
     "LeakyRelu", "Less", "Mul", "Neg", "Pad", "Pow", "Reciprocal", "ReduceMean", "Relu",
     "Sigmoid", "Softmax", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where",
@@ -60,3 +62,30 @@ def test_the_conforming_ops_have_node_tests() -> None:
     """Every listed op has node tests (a renamed op would otherwise drop out silently)."""
     for op in CONFORMING:
         assert _case_names((op,)), f"onnx has no single-node test of {op}"
+
+
+def test_outputs_no_kernel_writes_get_copies() -> None:
+    """A graph output that is a graph input, a folded constant, or listed twice still comes back."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    outs = [
+        helper.make_tensor_value_info(n, t, s)
+        for n, t, s in (("same", TensorProto.FLOAT, [2, 3]), ("shape", TensorProto.INT64, [2]),
+                        ("relu", TensorProto.FLOAT, [2, 3]), ("relu_again", TensorProto.FLOAT, [2, 3]))
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["x"], ["same"]),
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Relu", ["x"], ["relu"]),
+            helper.make_node("Identity", ["relu"], ["relu_again"]),
+        ],
+        "outputs",
+        [x],
+        outs,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    data = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    same, shape, relu, relu_again = KilnBackend.prepare(model).run([data])
+    assert np.array_equal(same, data)
+    assert shape.tolist() == [2, 3]
+    assert np.array_equal(relu, np.maximum(data, 0)) and np.array_equal(relu_again, relu)
