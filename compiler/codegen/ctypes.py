@@ -5,6 +5,7 @@ from __future__ import annotations
 from compiler.ir import expr as E
 
 C_TYPES = {
+    "float16": "_Float16",
     "float32": "float",
     "float64": "double",
     "int8": "int8_t",
