@@ -213,7 +213,6 @@ def _batch_norm(ctx: ImportContext) -> None:
 
 @converter("LayerNormalization")
 def _layer_norm(ctx: ImportContext) -> None:
-    _only_first_output(ctx, "Y; Mean and InvStdDev are not")
     x, scale = ctx.input(0), ctx.input(1)
     if ctx.has_input(2):
         bias = ctx.input(2)
@@ -225,7 +224,26 @@ def _layer_norm(ctx: ImportContext) -> None:
         "axis": onnx_axis(int(ctx.attr("axis", -1)), rank),
         "epsilon": float(ctx.attr("epsilon", 1e-5)),
     }
+    extra = [i for i in ctx.used_outputs() if i > 0]
+    if extra and ctx.type_of(x).dtype != "float32":
+        raise GraphError("Mean and InvStdDev outputs are supported for float32 data only")
     ctx.emit("layer_norm", [x, scale, bias], attrs, bind=True)
+    if extra:
+        _layer_norm_statistics(ctx, x, int(attrs["axis"]), float(attrs["epsilon"]))
+
+
+def _layer_norm_statistics(ctx: ImportContext, x: str, axis: int, epsilon: float) -> None:
+    """LayerNormalization's optional outputs, Mean and InvStdDev (1 / sqrt(variance + epsilon)),
+    over the axes from `axis` on, kept as size-1 dimensions, from reductions and elementwise ops."""
+    rank = len(ctx.type_of(x).shape)
+    over = {"axes": tuple(range(axis, rank)), "keepdims": True}
+    mean = ctx.emit("reduce_mean", [x], over)[0]
+    centered = ctx.emit("sub", [x, mean])[0]
+    variance = ctx.emit("reduce_mean", [ctx.emit("mul", [centered, centered])[0]], over)[0]
+    shifted = ctx.emit("add", [variance, ctx.constant(np.asarray(epsilon, np.float32), "eps")])[0]
+    inv_std = ctx.emit("reciprocal", [ctx.emit("sqrt", [shifted])[0]])[0]
+    ctx.bind(1, mean)
+    ctx.bind(2, inv_std)
 
 
 def _pool(ctx: ImportContext, op: str) -> None:
