@@ -1,8 +1,10 @@
-"""Import ONNX models (default domain, opset 13 and later) into the graph IR.
+"""Import ONNX models (default domain, opset 7 and later) into the graph IR.
 
     graph = load_onnx("model.onnx", input_shapes={"x": (1, 3, 224, 224)})
 
-Shapes are static: a symbolic input dim needs `input_shapes`. Every value's type comes from the
+Models older than opset 13 are first brought to opset 13 by onnx's own version converter (which
+rewrites what changed: Softmax's 2-D coercion, Upsample, attributes that became inputs); a model
+it cannot convert is refused naming its opset. Shapes are static: a symbolic input dim needs `input_shapes`. Every value's type comes from the
 registry's type rules (`compiler.graph.ops_*`); where ONNX's own shape inference (or a declared
 output type) has a static answer, the two must agree. Initializers become `graph.constants`
 (those some graph node reads), values keep their ONNX names, and the converters in `onnx_ops`
@@ -27,11 +29,19 @@ from compiler.frontend.onnx_context import ImportContext, NotConstantInput, Onnx
 from compiler.frontend.onnx_ops import CONVERTERS
 from compiler.graph.ir import Graph, GraphError
 
-MIN_OPSET = 13
+MIN_OPSET = 13  # what the converters are written for
+OLDEST_OPSET = 7  # older models are upgraded to MIN_OPSET from this one on
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _FAMILIES = (onnx_ops_shape,)  # imported for their registrations into CONVERTERS
 
-__all__ = ["MIN_OPSET", "OnnxImportError", "from_onnx", "load_onnx", "supported_ops"]
+__all__ = [
+    "MIN_OPSET",
+    "OLDEST_OPSET",
+    "OnnxImportError",
+    "from_onnx",
+    "load_onnx",
+    "supported_ops",
+]
 
 
 def supported_ops() -> tuple[str, ...]:
@@ -71,6 +81,7 @@ def from_onnx(
     model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> Graph:
     """The graph of an in-memory ModelProto; see the module docstring."""
+    model = _upgraded(model)
     opset = _opset(model)
     g = model.graph
     graph = Graph(g.name or "onnx")
@@ -96,6 +107,33 @@ def from_onnx(
     graph.set_outputs(outputs)
     graph.verify()
     return graph
+
+
+def _upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` at opset MIN_OPSET when it is older (from OLDEST_OPSET on), by onnx's converter.
+
+    Raises:
+        OnnxImportError: no default-domain opset, one older than OLDEST_OPSET, or one the
+            converter cannot bring forward (naming the opset and its reason).
+    """
+    versions = [o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS]
+    if not versions or versions[0] >= MIN_OPSET:
+        return model  # _opset says what is wrong with no opset
+    old = versions[0]
+    if old < OLDEST_OPSET:
+        raise OnnxImportError(
+            f"opset {old} is not supported; Kiln imports opset {OLDEST_OPSET} and later"
+        )
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # the converter raises RuntimeError, ValueError, its own errors
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OnnxImportError(
+            f"opset {old}: onnx's version converter cannot bring the model to opset "
+            f"{MIN_OPSET} ({first[:300]})"
+        ) from e
 
 
 def _opset(model: onnx.ModelProto) -> int:

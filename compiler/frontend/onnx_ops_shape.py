@@ -218,7 +218,7 @@ def _constant(ctx: ImportContext) -> None:
         raise GraphError(f"constant attribute {sorted(attrs)} is not supported")
     if value.dtype.kind not in "biuf":
         raise GraphError(f"constant of dtype {value.dtype} is not supported")
-    ctx.bind(0, ctx.constant(np.ascontiguousarray(value), "constant"))
+    ctx.bind(0, ctx.constant(np.array(value, order="C"), "constant"))  # 0-d stays 0-d
 
 
 @converter("ConstantOfShape")

@@ -320,7 +320,7 @@ def _expand_infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[TensorType
 
 def _expand_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
     (t,) = _expand_infer([TensorType(inputs[0].shape, str(inputs[0].dtype))], attrs)
-    return [np.ascontiguousarray(np.broadcast_to(inputs[0], t.shape))]
+    return [np.array(np.broadcast_to(inputs[0], t.shape), order="C")]  # 0-d stays 0-d
 
 
 def _reduce_max_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:

@@ -40,6 +40,6 @@ def fold_constants(graph: Graph, max_bytes: int = DEFAULT_MAX_BYTES) -> Graph:
             raise GraphError(f"fold_constants: {exc}") from None
         for name, value in zip(node.outputs, results, strict=True):
             want = g.type_of(name)
-            g.constants[name] = np.ascontiguousarray(value.astype(want.dtype, copy=False))
+            g.constants[name] = np.array(value, dtype=want.dtype, order="C")  # 0-d stays 0-d
     g.nodes = kept
     return finish(g)
