@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from compiler.frontend import onnx_ops_shape
+from compiler.frontend import onnx_ops_composite, onnx_ops_shape
 from compiler.frontend.onnx_context import ImportContext, NotConstantInput, OnnxImportError
 from compiler.frontend.onnx_ops import CONVERTERS
 from compiler.graph.ir import Graph, GraphError
@@ -32,7 +32,7 @@ from compiler.graph.ir import Graph, GraphError
 MIN_OPSET = 13  # what the converters are written for
 OLDEST_OPSET = 7  # older models are upgraded to MIN_OPSET from this one on
 _DEFAULT_DOMAINS = ("", "ai.onnx")
-_FAMILIES = (onnx_ops_shape,)  # imported for their registrations into CONVERTERS
+_FAMILIES = (onnx_ops_shape, onnx_ops_composite)  # imported for their registrations into CONVERTERS
 
 __all__ = [
     "MIN_OPSET",

@@ -288,6 +288,28 @@ CASES: dict[str, Case] = {
     "less-broadcast": Case("Less", [rand(2, 3), rand(3)]),
     "greater": Case("Greater", [rand(2, 3), Init(np.float32(0.0))]),
     "where": Case("Where", [rand(2, 3) > 0, rand(2, 3), Init(rand(3))]),
+    # -- composites (compiler/frontend/onnx_ops_composite.py)
+    "sum-variadic": Case("Sum", [rand(2, 3), rand(3), Init(rand(2, 1))]),
+    "sum-one": Case("Sum", [rand(2, 3)]),
+    "mean-variadic": Case("Mean", [rand(2, 3), Init(rand(2, 3)), rand(1, 3)]),
+    "prelu-channel": Case("PRelu", [X4, Init(rand(4, 1, 1))]),
+    "elu": Case("Elu", [rand(2, 3)], {"alpha": 0.5}),
+    "selu": Case("Selu", [rand(2, 3)]),
+    "celu": Case("Celu", [rand(2, 3)], {"alpha": 2.0}),
+    "thresholded-relu": Case("ThresholdedRelu", [rand(2, 3)], {"alpha": 0.5}),
+    "softsign": Case("Softsign", [rand(2, 3)]),
+    "sign": Case("Sign", [np.asarray([[-2.0, 0.0, 3.0]], np.float32)]),
+    "greater-or-equal": Case("GreaterOrEqual", [rand(2, 3).round(), Init(np.float32(0.0))]),
+    "less-or-equal": Case("LessOrEqual", [rand(2, 3).round(), rand(3).round()]),
+    "instance-norm": Case(
+        "InstanceNormalization", [X4, Init(rand(4)), Init(rand(4))], {"epsilon": 1e-3}
+    ),
+    # onnx's ReferenceEvaluator sums only the first channel's window here; onnxruntime (and
+    # onnx's own node tests, tests/system/test_onnx_conformance.py) follow the spec.
+    "lrn": Case(
+        "LRN", [X4], {"size": 3, "alpha": 1e-3, "beta": 0.75, "bias": 2.0}, oracle="onnxruntime"
+    ),
+    "tile": Case("Tile", [rand(2, 3), Init(ints(2, 3))]),
     "expand": Case("Expand", [rand(3, 1), Init(ints(2, 1, 4))]),
     "reducemax": Case("ReduceMax", [rand(2, 3, 4), Init(ints(1))], {"keepdims": 0}, opset=18),
     "reducemax-attr": Case("ReduceMax", [rand(2, 3, 4)], {"axes": [0, 2]}, opset=13),
@@ -338,6 +360,22 @@ def _check_against_onnx(
 def test_op_matches_onnx_reference(name: str) -> None:
     model, feeds = build(CASES[name])
     _check_against_onnx(model, feeds, CASES[name].oracle)
+
+
+def test_lrn_even_size_follows_the_spec() -> None:
+    """An even window takes one more channel after than before (onnxruntime refuses even sizes)."""
+    size, alpha, beta, bias = 4, 0.5, 0.75, 2.0
+    model, feeds = build(
+        Case("LRN", [X4], {"size": size, "alpha": alpha, "beta": beta, "bias": bias})
+    )
+    x = feeds["in0"]
+    channels = x.shape[1]
+    square_sum = np.zeros_like(x)
+    for c in range(channels):
+        lo, hi = max(0, c - (size - 1) // 2), min(channels - 1, c + size // 2)
+        square_sum[:, c] = (x[:, lo : hi + 1] ** 2).sum(axis=1)
+    want = x / (bias + alpha / size * square_sum) ** beta
+    np.testing.assert_allclose(run_reference(load_onnx(model), feeds)[0], want, rtol=1e-5)
 
 
 def test_every_supported_op_has_a_case() -> None:

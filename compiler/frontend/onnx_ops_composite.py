@@ -1,0 +1,226 @@
+"""ONNX converters for ops written as a few graph ops: variadic Sum and Mean, the activations
+PRelu, Elu, Selu, Celu, ThresholdedRelu, Softsign and Sign, GreaterOrEqual / LessOrEqual,
+InstanceNormalization, LRN and Tile. They register into `onnx_ops.CONVERTERS`; fusion then puts
+the pieces back into as few kernels as the graph allows (elementwise chains fuse)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from compiler.frontend.onnx_context import ImportContext
+from compiler.frontend.onnx_ops import converter, to_ints
+from compiler.graph.ir import GraphError
+
+
+def _const(ctx: ImportContext, value: float, like: str) -> str:
+    """A scalar constant of the dtype of value `like`."""
+    return ctx.constant(np.asarray(value, ctx.type_of(like).dtype), "c")
+
+
+def _float_input(ctx: ImportContext) -> str:
+    x = ctx.input(0)
+    if ctx.type_of(x).dtype not in ("float32", "float64", "float16"):
+        raise GraphError(f"data must be a float tensor, got {ctx.type_of(x).dtype}")
+    return x
+
+
+def _one(ctx: ImportContext, op: str, inputs: Sequence[str], attrs: dict | None = None) -> str:
+    return ctx.emit(op, list(inputs), attrs)[0]
+
+
+def _finish(ctx: ImportContext, value: str) -> None:
+    """Bind the node's output to `value`, through an identity node so that it is checked and
+    named like any other output."""
+    ctx.emit("identity", [value], bind=True)
+
+
+# -- variadic --------------------------------------------------------------------------------------
+
+
+def _inputs(ctx: ImportContext) -> list[str]:
+    inputs = [ctx.input(i) for i in range(len(ctx.node.input)) if ctx.has_input(i)]
+    if not inputs:
+        raise GraphError("at least one input is required")
+    return inputs
+
+
+@converter("Sum")
+def _sum(ctx: ImportContext) -> None:
+    inputs = _inputs(ctx)
+    total = inputs[0]
+    for x in inputs[1:]:
+        total = _one(ctx, "add", [total, x])
+    _finish(ctx, total)
+
+
+@converter("Mean")
+def _mean(ctx: ImportContext) -> None:
+    inputs = _inputs(ctx)
+    total = inputs[0]
+    for x in inputs[1:]:
+        total = _one(ctx, "add", [total, x])
+    _finish(ctx, _one(ctx, "div", [total, _const(ctx, len(inputs), total)]))
+
+
+# -- activations -----------------------------------------------------------------------------------
+
+
+def _negative_branch(ctx: ImportContext, x: str, negative: str) -> str:
+    """where(x < 0, negative, x)."""
+    below = _one(ctx, "less", [x, _const(ctx, 0.0, x)])
+    return _one(ctx, "where", [below, negative, x])
+
+
+@converter("PRelu")
+def _prelu(ctx: ImportContext) -> None:
+    x = _float_input(ctx)
+    slope = ctx.input(1)
+    _finish(ctx, _negative_branch(ctx, x, _one(ctx, "mul", [x, slope])))
+
+
+def _exp_minus_one(ctx: ImportContext, x: str, alpha: float) -> str:
+    """alpha * (exp(x) - 1)."""
+    e = _one(ctx, "sub", [_one(ctx, "exp", [x]), _const(ctx, 1.0, x)])
+    return _one(ctx, "mul", [e, _const(ctx, alpha, x)])
+
+
+@converter("Elu")
+def _elu(ctx: ImportContext) -> None:
+    x = _float_input(ctx)
+    alpha = float(ctx.attr("alpha", 1.0))
+    _finish(ctx, _negative_branch(ctx, x, _exp_minus_one(ctx, x, alpha)))
+
+
+@converter("Selu")
+def _selu(ctx: ImportContext) -> None:
+    x = _float_input(ctx)
+    alpha = float(ctx.attr("alpha", 1.67326319217681884765625))
+    gamma = float(ctx.attr("gamma", 1.05070102214813232421875))
+    inner = _negative_branch(ctx, x, _exp_minus_one(ctx, x, alpha))
+    _finish(ctx, _one(ctx, "mul", [inner, _const(ctx, gamma, x)]))
+
+
+@converter("Celu")
+def _celu(ctx: ImportContext) -> None:
+    x = _float_input(ctx)
+    alpha = float(ctx.attr("alpha", 1.0))
+    scaled = _one(ctx, "div", [x, _const(ctx, alpha, x)])
+    _finish(ctx, _negative_branch(ctx, x, _exp_minus_one(ctx, scaled, alpha)))
+
+
+@converter("ThresholdedRelu")
+def _thresholded_relu(ctx: ImportContext) -> None:
+    x = _float_input(ctx)
+    above = _one(ctx, "greater", [x, _const(ctx, float(ctx.attr("alpha", 1.0)), x)])
+    _finish(ctx, _one(ctx, "where", [above, x, _const(ctx, 0.0, x)]))
+
+
+@converter("Softsign")
+def _softsign(ctx: ImportContext) -> None:
+    x = _float_input(ctx)
+    denominator = _one(ctx, "add", [_one(ctx, "abs", [x]), _const(ctx, 1.0, x)])
+    _finish(ctx, _one(ctx, "div", [x, denominator]))
+
+
+@converter("Sign")
+def _sign(ctx: ImportContext) -> None:
+    x = ctx.input(0)
+    zero, one, minus = (_const(ctx, v, x) for v in (0, 1, -1))
+    negative = _one(ctx, "where", [_one(ctx, "less", [x, zero]), minus, zero])
+    _finish(ctx, _one(ctx, "where", [_one(ctx, "greater", [x, zero]), one, negative]))
+
+
+def _or_equal(ctx: ImportContext, strict: str) -> None:
+    a, b = ctx.input(0), ctx.input(1)
+    true = ctx.constant(np.asarray(True), "true")
+    _finish(ctx, _one(ctx, "where", [_one(ctx, strict, [a, b]), true, _one(ctx, "equal", [a, b])]))
+
+
+@converter("GreaterOrEqual")
+def _greater_or_equal(ctx: ImportContext) -> None:
+    _or_equal(ctx, "greater")
+
+
+@converter("LessOrEqual")
+def _less_or_equal(ctx: ImportContext) -> None:
+    _or_equal(ctx, "less")
+
+
+# -- normalization ---------------------------------------------------------------------------------
+
+
+@converter("InstanceNormalization")
+def _instance_norm(ctx: ImportContext) -> None:
+    """(x - mean) / sqrt(var + epsilon) * scale[c] + bias[c], mean and var over the spatial axes."""
+    x = _float_input(ctx)
+    shape = ctx.type_of(x).shape
+    if len(shape) < 3:
+        raise GraphError(f"data must be N x C x D1 ..., got shape {list(shape)}")
+    over = {"axes": tuple(range(2, len(shape))), "keepdims": True}
+    mean = _one(ctx, "reduce_mean", [x], over)
+    centered = _one(ctx, "sub", [x, mean])
+    variance = _one(ctx, "reduce_mean", [_one(ctx, "mul", [centered, centered])], over)
+    epsilon = float(ctx.attr("epsilon", 1e-5))
+    inv = _one(
+        ctx,
+        "reciprocal",
+        [_one(ctx, "sqrt", [_one(ctx, "add", [variance, _const(ctx, epsilon, x)])])],
+    )
+    per_channel = (shape[1],) + (1,) * (len(shape) - 2)
+    scale = _one(ctx, "reshape", [ctx.input(1)], {"shape": per_channel})
+    bias = _one(ctx, "reshape", [ctx.input(2)], {"shape": per_channel})
+    normalized = _one(ctx, "mul", [centered, _one(ctx, "mul", [inv, scale])])
+    _finish(ctx, _one(ctx, "add", [normalized, bias]))
+
+
+@converter("LRN")
+def _lrn(ctx: ImportContext) -> None:
+    """x / (bias + alpha / size * sum of x^2 over `size` neighbouring channels) ^ beta."""
+    x = _float_input(ctx)
+    shape = ctx.type_of(x).shape
+    if len(shape) < 3:
+        raise GraphError(f"data must be N x C x D1 ..., got shape {list(shape)}")
+    size = int(ctx.attr("size", 0))
+    if size < 1:
+        raise GraphError(f"size must be a positive integer, got {size}")
+    alpha = float(ctx.attr("alpha", 1e-4))
+    beta = float(ctx.attr("beta", 0.75))
+    bias = float(ctx.attr("bias", 1.0))
+    rank, channels = len(shape), shape[1]
+    squared = _one(ctx, "mul", [x, x])
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    pads = [0] * (2 * rank)
+    pads[1], pads[1 + rank] = before, after
+    padded = _one(ctx, "pad", [squared], {"pads": tuple(pads), "mode": "constant", "value": 0.0})
+    total = None
+    for i in range(size):
+        window = _one(
+            ctx, "slice", [padded], {"starts": (i,), "ends": (i + channels,), "axes": (1,)}
+        )
+        total = window if total is None else _one(ctx, "add", [total, window])
+    assert total is not None
+    scaled = _one(ctx, "mul", [total, _const(ctx, alpha / size, x)])
+    base = _one(ctx, "add", [scaled, _const(ctx, bias, x)])
+    _finish(ctx, _one(ctx, "div", [x, _one(ctx, "pow", [base, _const(ctx, beta, x)])]))
+
+
+# -- data movement ---------------------------------------------------------------------------------
+
+
+@converter("Tile")
+def _tile(ctx: ImportContext) -> None:
+    x = ctx.input(0)
+    repeats_in = ctx.const_input(1, "repeats")
+    if repeats_in is None:
+        raise GraphError("the repeats input is required")
+    repeats = to_ints(repeats_in)
+    rank = len(ctx.type_of(x).shape)
+    if len(repeats) != rank or any(r < 1 for r in repeats):
+        raise GraphError(f"repeats {list(repeats)} must be {rank} positive integers")
+    value = x
+    for axis, r in enumerate(repeats):
+        if r > 1:
+            value = _one(ctx, "concat", [value] * r, {"axis": axis})
+    _finish(ctx, value)
