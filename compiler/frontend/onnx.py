@@ -1,11 +1,11 @@
-"""Import ONNX models (default domain, opset 7 and later) into the graph IR.
+"""Import ONNX models (default domain, any opset) into the graph IR.
 
     graph = load_onnx("model.onnx", input_shapes={"x": (1, 3, 224, 224)})
 
 Models older than opset 13 are first brought to opset 13 by onnx's own version converter (which
 rewrites what changed: Softmax's 2-D coercion, Upsample, attributes that became inputs); a model
-it cannot convert is refused naming its opset. Shapes are static: a symbolic input dim needs `input_shapes`. Every value's type comes from the
-registry's type rules (`compiler.graph.ops_*`); where ONNX's own shape inference (or a declared
+it cannot convert is refused naming its opset. Shapes are static: a symbolic input dim needs
+`input_shapes`. Every value's type comes from the registry's type rules (`compiler.graph.ops_*`); where ONNX's own shape inference (or a declared
 output type) has a static answer, the two must agree. Initializers become `graph.constants`
 (those some graph node reads), values keep their ONNX names, and the converters in `onnx_ops`
 say how each ONNX op maps to graph ops.
@@ -30,7 +30,7 @@ from compiler.frontend.onnx_ops import CONVERTERS
 from compiler.graph.ir import Graph, GraphError
 
 MIN_OPSET = 13  # what the converters are written for
-OLDEST_OPSET = 7  # older models are upgraded to MIN_OPSET from this one on
+OLDEST_OPSET = 1  # older models are upgraded to MIN_OPSET (by onnx's converter) from this one on
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _FAMILIES = (onnx_ops_shape, onnx_ops_composite)  # imported for their registrations into CONVERTERS
 

@@ -300,6 +300,7 @@ _UNARY = {
     "Erf": "erf",
     "Sqrt": "sqrt",
     "Exp": "exp",
+    "Log": "log",
     "Neg": "neg",
     "HardSwish": "hard_swish",
 }

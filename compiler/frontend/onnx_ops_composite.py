@@ -1,6 +1,8 @@
-"""ONNX converters for ops written as a few graph ops: variadic Sum and Mean, the activations
-PRelu, Elu, Selu, Celu, ThresholdedRelu, Softsign and Sign, GreaterOrEqual / LessOrEqual,
-InstanceNormalization, LRN and Tile. They register into `onnx_ops.CONVERTERS`; fusion then puts
+"""ONNX converters for ops written as a few graph ops: variadic Sum and Mean; the activations
+PRelu, Elu, Selu, Celu, ThresholdedRelu, Softsign, Sign, Shrink, Softplus and Mish; LogSoftmax;
+ReduceMin, ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and ReduceLogSumExp; the logic ops
+Not, And, Or, Xor, GreaterOrEqual and LessOrEqual; InstanceNormalization and LRN; Tile,
+DepthToSpace and SpaceToDepth; Size. They register into `onnx_ops.CONVERTERS`; fusion then puts
 the pieces back into as few kernels as the graph allows (elementwise chains fuse)."""
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from compiler.frontend.onnx_context import ImportContext
-from compiler.frontend.onnx_ops import converter, to_ints
+from compiler.frontend.onnx_ops import converter, onnx_axis, to_ints
+from compiler.frontend.onnx_ops_shape import reduce_attrs
 from compiler.graph.ir import GraphError
 
 
@@ -224,3 +227,176 @@ def _tile(ctx: ImportContext) -> None:
         if r > 1:
             value = _one(ctx, "concat", [value] * r, {"axis": axis})
     _finish(ctx, value)
+
+
+# -- with log ----------------------------------------------------------------------------------------
+
+
+def _softplus_of(ctx: ImportContext, x: str) -> str:
+    return _one(ctx, "log", [_one(ctx, "add", [_one(ctx, "exp", [x]), _const(ctx, 1.0, x)])])
+
+
+@converter("Softplus")
+def _softplus(ctx: ImportContext) -> None:
+    _finish(ctx, _softplus_of(ctx, _float_input(ctx)))
+
+
+@converter("Mish")
+def _mish(ctx: ImportContext) -> None:
+    x = _float_input(ctx)
+    _finish(ctx, _one(ctx, "mul", [x, _one(ctx, "tanh", [_softplus_of(ctx, x)])]))
+
+
+@converter("LogSoftmax")
+def _log_softmax(ctx: ImportContext) -> None:
+    """x - max - log(sum(exp(x - max))) over `axis`."""
+    x = _float_input(ctx)
+    rank = len(ctx.type_of(x).shape)
+    over = {"axes": (onnx_axis(int(ctx.attr("axis", -1)), rank),), "keepdims": True}
+    shifted = _one(ctx, "sub", [x, _one(ctx, "reduce_max", [x], over)])
+    total = _one(ctx, "reduce_sum", [_one(ctx, "exp", [shifted])], over)
+    _finish(ctx, _one(ctx, "sub", [shifted, _one(ctx, "log", [total])]))
+
+
+def _reduction(ctx: ImportContext, before: str | None, op: str, after: str | None) -> None:
+    """after(op(before(x))) over the node's axes; the identity when it reduces nothing."""
+    attrs = reduce_attrs(ctx)
+    x = ctx.input(0)
+    if attrs is None:
+        _finish(ctx, x)
+        return
+    if before == "square":
+        x = _one(ctx, "mul", [x, x])
+    elif before is not None:
+        x = _one(ctx, before, [x])
+    y = _one(ctx, op, [x], attrs)
+    _finish(ctx, _one(ctx, after, [y]) if after is not None else y)
+
+
+@converter("ReduceMin")
+def _reduce_min(ctx: ImportContext) -> None:
+    _reduction(ctx, "neg", "reduce_max", "neg")
+
+
+@converter("ReduceL1")
+def _reduce_l1(ctx: ImportContext) -> None:
+    _reduction(ctx, "abs", "reduce_sum", None)
+
+
+@converter("ReduceL2")
+def _reduce_l2(ctx: ImportContext) -> None:
+    _reduction(ctx, "square", "reduce_sum", "sqrt")
+
+
+@converter("ReduceSumSquare")
+def _reduce_sum_square(ctx: ImportContext) -> None:
+    _reduction(ctx, "square", "reduce_sum", None)
+
+
+@converter("ReduceLogSum")
+def _reduce_log_sum(ctx: ImportContext) -> None:
+    _reduction(ctx, None, "reduce_sum", "log")
+
+
+@converter("ReduceLogSumExp")
+def _reduce_log_sum_exp(ctx: ImportContext) -> None:
+    _reduction(ctx, "exp", "reduce_sum", "log")
+
+
+# -- logic ---------------------------------------------------------------------------------------------
+
+
+def _bools(ctx: ImportContext, n: int) -> list[str]:
+    values = [ctx.input(i) for i in range(n)]
+    for v in values:
+        if ctx.type_of(v).dtype != "bool":
+            raise GraphError(f"inputs must be bool tensors, got {ctx.type_of(v).dtype}")
+    return values
+
+
+def _bool_const(ctx: ImportContext, value: bool) -> str:
+    return ctx.constant(np.asarray(value), "true" if value else "false")
+
+
+@converter("Not")
+def _not(ctx: ImportContext) -> None:
+    (a,) = _bools(ctx, 1)
+    _finish(ctx, _one(ctx, "equal", [a, _bool_const(ctx, False)]))
+
+
+@converter("And")
+def _and(ctx: ImportContext) -> None:
+    a, b = _bools(ctx, 2)
+    _finish(ctx, _one(ctx, "where", [a, b, _bool_const(ctx, False)]))
+
+
+@converter("Or")
+def _or(ctx: ImportContext) -> None:
+    a, b = _bools(ctx, 2)
+    _finish(ctx, _one(ctx, "where", [a, _bool_const(ctx, True), b]))
+
+
+@converter("Xor")
+def _xor(ctx: ImportContext) -> None:
+    a, b = _bools(ctx, 2)
+    same = _one(ctx, "equal", [a, b])
+    _finish(ctx, _one(ctx, "equal", [same, _bool_const(ctx, False)]))
+
+
+@converter("Shrink")
+def _shrink(ctx: ImportContext) -> None:
+    x = ctx.input(0)
+    lambd, bias = float(ctx.attr("lambd", 0.5)), float(ctx.attr("bias", 0.0))
+    low = _one(ctx, "less", [x, _const(ctx, -lambd, x)])
+    high = _one(ctx, "greater", [x, _const(ctx, lambd, x)])
+    up = _one(ctx, "add", [x, _const(ctx, bias, x)])
+    down = _one(ctx, "sub", [x, _const(ctx, bias, x)])
+    inner = _one(ctx, "where", [high, down, _const(ctx, 0, x)])
+    _finish(ctx, _one(ctx, "where", [low, up, inner]))
+
+
+# -- rearrangement -------------------------------------------------------------------------------------
+
+
+@converter("DepthToSpace")
+def _depth_to_space(ctx: ImportContext) -> None:
+    x = ctx.input(0)
+    shape = ctx.type_of(x).shape
+    if len(shape) != 4:
+        raise GraphError(f"data must be N x C x H x W, got shape {list(shape)}")
+    n, c, h, w = shape
+    b = int(ctx.attr("blocksize", 0))
+    if b < 1 or c % (b * b):
+        raise GraphError(f"blocksize {b} must divide the {c} channels twice")
+    if str(ctx.attr("mode", "DCR")) == "DCR":
+        split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+    else:  # CRD
+        split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+    blocks = _one(ctx, "reshape", [x], {"shape": split})
+    moved = _one(ctx, "transpose", [blocks], {"perm": perm})
+    _finish(ctx, _one(ctx, "reshape", [moved], {"shape": (n, c // (b * b), h * b, w * b)}))
+
+
+@converter("SpaceToDepth")
+def _space_to_depth(ctx: ImportContext) -> None:
+    x = ctx.input(0)
+    shape = ctx.type_of(x).shape
+    if len(shape) != 4:
+        raise GraphError(f"data must be N x C x H x W, got shape {list(shape)}")
+    n, c, h, w = shape
+    b = int(ctx.attr("blocksize", 0))
+    if b < 1 or h % b or w % b:
+        raise GraphError(f"blocksize {b} must divide height {h} and width {w}")
+    mode = str(ctx.attr("mode", "DCR"))
+    if mode not in ("DCR", "CRD"):
+        raise GraphError(f"mode {mode!r} is not DCR or CRD")
+    blocks = _one(ctx, "reshape", [x], {"shape": (n, c, h // b, b, w // b, b)})
+    perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    moved = _one(ctx, "transpose", [blocks], {"perm": perm})
+    _finish(ctx, _one(ctx, "reshape", [moved], {"shape": (n, c * b * b, h // b, w // b)}))
+
+
+@converter("Size")
+def _size(ctx: ImportContext) -> None:
+    count = int(np.prod(ctx.type_of(ctx.input(0)).shape, dtype=np.int64))
+    ctx.bind(0, ctx.constant(np.asarray(count, np.int64), "size"))

@@ -3,6 +3,8 @@ ConstantOfShape) or aliased (Identity, Dropout); they register into `onnx_ops.CO
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from onnx import numpy_helper
 
@@ -172,21 +174,28 @@ def _pad(ctx: ImportContext) -> None:
 _REDUCE = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max"}
 
 
-@converter(*_REDUCE)
-def _reduce(ctx: ImportContext) -> None:
-    op = _REDUCE[ctx.node.op_type]
+def reduce_attrs(ctx: ImportContext) -> dict[str, Any] | None:
+    """The graph reduction's attributes of an ONNX Reduce* node (axes from the input or the
+    attribute, keepdims), or None when it reduces nothing (empty axes, noop_with_empty_axes)."""
     rank = len(ctx.input_type(0).shape)
     axes_attr = ctx.attr("axes")
     axes_in = ctx.const_input(1, "axes")
     axes = to_ints(axes_in) if axes_in is not None else tuple(axes_attr or ())
     if not axes and int(ctx.attr("noop_with_empty_axes", 0)):
-        ctx.bind(0, ctx.input(0))
-        return
-    attrs = {
+        return None
+    return {
         "axes": tuple(sorted({onnx_axis(a, rank) for a in axes})) or tuple(range(rank)),
         "keepdims": bool(int(ctx.attr("keepdims", 1))),
     }
-    ctx.emit(op, [ctx.input(0)], attrs, bind=True)
+
+
+@converter(*_REDUCE)
+def _reduce(ctx: ImportContext) -> None:
+    attrs = reduce_attrs(ctx)
+    if attrs is None:
+        ctx.bind(0, ctx.input(0))
+        return
+    ctx.emit(_REDUCE[ctx.node.op_type], [ctx.input(0)], attrs, bind=True)
 
 
 # -- evaluated at import --------------------------------------------------------------------------

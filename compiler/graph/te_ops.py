@@ -113,6 +113,7 @@ _UNARY: dict[str, UnaryBody] = {
     "erf": lambda v, a: te.erf(v),
     "sqrt": lambda v, a: te.sqrt(v),
     "exp": lambda v, a: te.exp(v),
+    "log": lambda v, a: te.log(v),
     "neg": lambda v, a: -v,
     "hard_swish": _hard_swish,
     "identity": lambda v, a: v,

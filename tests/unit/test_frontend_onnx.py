@@ -310,6 +310,25 @@ CASES: dict[str, Case] = {
         "LRN", [X4], {"size": 3, "alpha": 1e-3, "beta": 0.75, "bias": 2.0}, oracle="onnxruntime"
     ),
     "tile": Case("Tile", [rand(2, 3), Init(ints(2, 3))]),
+    "log": Case("Log", [rand(2, 3, low=0.1)]),
+    "softplus": Case("Softplus", [rand(2, 3)]),
+    "mish": Case("Mish", [rand(2, 3)], opset=18),
+    "log-softmax": Case("LogSoftmax", [rand(2, 3, 4)], {"axis": 1}),
+    "reduce-min": Case("ReduceMin", [rand(2, 3, 4)], {"axes": [1], "keepdims": 0}),
+    "reduce-l1": Case("ReduceL1", [rand(2, 3, 4), Init(ints(-1))], opset=18),
+    "reduce-l2": Case("ReduceL2", [rand(2, 3, 4), Init(ints(0, 2))], opset=18),
+    "reduce-sum-square": Case("ReduceSumSquare", [rand(2, 3, 4)], {"keepdims": 0}),
+    "reduce-log-sum": Case("ReduceLogSum", [rand(2, 3, low=0.1), Init(ints(1))], opset=18),
+    "reduce-log-sum-exp": Case("ReduceLogSumExp", [rand(2, 3, 4)], {"axes": [2]}),
+    "not": Case("Not", [rand(2, 3) > 0]),
+    "and": Case("And", [rand(2, 3) > 0, rand(3) > 0]),
+    "or": Case("Or", [rand(2, 3) > 0, Init(rand(2, 1) > 0)]),
+    "xor": Case("Xor", [rand(2, 3) > 0, rand(2, 3) > 0]),
+    "shrink": Case("Shrink", [rand(2, 3)], {"lambd": 0.7, "bias": 0.2}),
+    "depth-to-space-dcr": Case("DepthToSpace", [rand(1, 8, 2, 3)], {"blocksize": 2}),
+    "depth-to-space-crd": Case("DepthToSpace", [rand(1, 8, 2, 3)], {"blocksize": 2, "mode": "CRD"}),
+    "space-to-depth": Case("SpaceToDepth", [rand(1, 2, 4, 6)], {"blocksize": 2}),
+    "size": Case("Size", [rand(2, 3, 4)]),
     "expand": Case("Expand", [rand(3, 1), Init(ints(2, 1, 4))]),
     "reducemax": Case("ReduceMax", [rand(2, 3, 4), Init(ints(1))], {"keepdims": 0}, opset=18),
     "reducemax-attr": Case("ReduceMax", [rand(2, 3, 4)], {"axes": [0, 2]}, opset=13),
@@ -466,10 +485,10 @@ def test_unsupported_op_names_node_op_opset_and_supported_list() -> None:
     assert "Conv" in msg and "MatMul" in msg
 
 
-def test_opset_older_than_7_is_refused_naming_it() -> None:
-    model = _one_node_model(helper.make_node("Relu", ["x"], ["y"]), opset=6)
-    with pytest.raises(OnnxImportError, match="opset 6 is not supported; Kiln imports opset 7"):
-        load_onnx(model)
+def test_an_opset_1_model_imports_through_the_converter() -> None:
+    model = _one_node_model(helper.make_node("Relu", ["x"], ["y"]), opset=1)
+    model.ir_version = 3
+    _check_against_onnx(model, {"x": rand(2, 3)})
 
 
 def _old_model(

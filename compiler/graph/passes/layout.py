@@ -28,7 +28,19 @@ BlockFn = Callable[[int], int]
 ConvBlocks = Mapping[str, tuple[int, int]]  # conv node name -> (input block, output block)
 
 ELEMENTWISE = frozenset(
-    {"relu", "sigmoid", "tanh", "erf", "sqrt", "exp", "neg", "hard_swish", "identity", "clip"}
+    {
+        "relu",
+        "sigmoid",
+        "tanh",
+        "erf",
+        "sqrt",
+        "exp",
+        "log",
+        "neg",
+        "hard_swish",
+        "identity",
+        "clip",
+    }
     | {"cast"}
 )
 BROADCASTING = frozenset({"add", "sub", "mul", "div", "pow"})
