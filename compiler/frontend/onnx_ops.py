@@ -16,6 +16,7 @@ normalised, so graph ops stay simple:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -97,6 +98,7 @@ def _resolve_pads(
 @converter("Conv")
 def _conv(ctx: ImportContext) -> None:
     size = _spatial_input(ctx)[2:]
+    ctx.const_input(1, "W")  # weights are laid out at build time: they must be known then
     w_shape = ctx.input_type(1).shape
     kernel = tuple(ctx.attr("kernel_shape", w_shape[2:]))
     if len(w_shape) != 4 or kernel != tuple(w_shape[2:]):
@@ -196,7 +198,24 @@ def _gemm(ctx: ImportContext) -> None:
 
 @converter("MatMul")
 def _matmul(ctx: ImportContext) -> None:
-    ctx.emit("matmul", [ctx.input(0), ctx.input(1)], bind=True)
+    """numpy's matmul: a 1-D operand is a row (first) or a column (second) vector whose added
+    dimension is dropped from the result."""
+    a, b = ctx.input(0), ctx.input(1)
+    sa, sb = ctx.type_of(a).shape, ctx.type_of(b).shape
+    if len(sa) >= 2 and len(sb) >= 2:
+        ctx.emit("matmul", [a, b], bind=True)
+        return
+    if len(sa) == 1:
+        a = ctx.emit("reshape", [a], {"shape": (1, sa[0])})[0]
+    if len(sb) == 1:
+        b = ctx.emit("reshape", [b], {"shape": (sb[0], 1)})[0]
+    y = ctx.emit("matmul", [a, b])[0]
+    shape = list(ctx.type_of(y).shape)
+    if len(sb) == 1:
+        shape.pop(-1)
+    if len(sa) == 1:
+        shape.pop(-1 if len(sb) == 1 else -2)
+    ctx.emit("reshape", [y], {"shape": tuple(shape)}, bind=True)
 
 
 # -- normalization, pooling, softmax --------------------------------------------------------------
@@ -248,6 +267,9 @@ def _layer_norm_statistics(ctx: ImportContext, x: str, axis: int, epsilon: float
 
 def _pool(ctx: ImportContext, op: str) -> None:
     _only_first_output(ctx, "pool values; Indices are not")
+    if len(ctx.input_type(0).shape) == 3:
+        _pool_1d(ctx, op)
+        return
     size = _spatial_input(ctx)[2:]
     kernel = tuple(ctx.attr("kernel_shape", ()))
     if len(kernel) != 2:
@@ -264,6 +286,39 @@ def _pool(ctx: ImportContext, op: str) -> None:
     if op == "avg_pool2d":
         attrs["count_include_pad"] = bool(int(ctx.attr("count_include_pad", 0)))
     ctx.emit(op, [ctx.input(0)], attrs, bind=True)
+
+
+def _pool_1d(ctx: ImportContext, op: str) -> None:
+    """A pool over N x C x W data, as the 2-D pool over N x C x 1 x W."""
+    n, c, w = ctx.input_type(0).shape
+
+    def one(name: str, default: int) -> int:
+        values = tuple(ctx.attr(name, (default,)))
+        if len(values) != 1:
+            raise GraphError(f"{name} {list(values)} must have 1 value for 1-D data")
+        return int(values[0])
+
+    kernel, stride, dilation = one("kernel_shape", 0), one("strides", 1), one("dilations", 1)
+    if ctx.attr("auto_pad", "NOTSET") == "NOTSET":
+        pads = tuple(ctx.attr("pads", (0, 0)))
+        if len(pads) != 2:
+            raise GraphError(f"pads {list(pads)} must have 2 values for 1-D data")
+        pads4: tuple[int, ...] = (0, int(pads[0]), 0, int(pads[1]))
+    else:
+        pads4 = _resolve_pads(ctx, (1, w), (1, kernel), (1, stride), (1, dilation))
+    attrs: dict[str, Any] = {
+        "kernel": (1, kernel),
+        "strides": (1, stride),
+        "pads": pads4,
+        "dilations": (1, dilation),
+        "ceil_mode": bool(int(ctx.attr("ceil_mode", 0))),
+    }
+    if op == "avg_pool2d":
+        attrs["count_include_pad"] = bool(int(ctx.attr("count_include_pad", 0)))
+    x4 = ctx.emit("reshape", [ctx.input(0)], {"shape": (n, c, 1, w)})[0]
+    y4 = ctx.emit(op, [x4], attrs)[0]
+    out_w = ctx.type_of(y4).shape[3]
+    ctx.emit("reshape", [y4], {"shape": (n, c, out_w)}, bind=True)
 
 
 @converter("MaxPool")

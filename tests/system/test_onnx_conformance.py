@@ -25,16 +25,17 @@ from kiln.onnx_backend import KilnBackend, close_shared_pool, node_test_cases
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
-# Ops all of whose single-node tests pass (benchmarks/conformance.py, 2026-11-26: 64 of the 89
-# ops Kiln imports; graph inputs used as shapes, axes, pads or bounds are bound at run time).
+# Ops all of whose single-node tests pass (benchmarks/conformance.py, 2026-11-26: 66 of the 89
+# ops Kiln imports; graph inputs used as shapes, axes, pads, bounds or weights are bound at run
+# time).
 CONFORMING = (
-    "Abs", "Add", "And", "Clip", "Concat", "Constant", "DepthToSpace", "Div", "Elu", "Erf", "Exp",
-    "Expand", "Flatten", "Gather", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater",
-    "GreaterOrEqual", "HardSigmoid", "HardSwish", "InstanceNormalization", "LRN",
-    "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax", "Max", "Mean",
-    "Min", "Mish", "Mul", "Neg", "Not", "Or", "PRelu", "Pad", "Pow", "Reciprocal", "ReduceMean",
-    "Relu", "Selu", "Shrink", "Sigmoid", "Sign", "Size", "Softmax", "Softplus", "Softsign",
-    "SpaceToDepth", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "ThresholdedRelu", "Tile",
+    "Abs", "Add", "And", "Clip", "Concat", "Constant", "Conv", "DepthToSpace", "Div", "Elu", "Erf",
+    "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
+    "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish", "InstanceNormalization", "LRN",
+    "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max",
+    "Mean", "Min", "Mish", "Mul", "Neg", "Not", "Or", "PRelu", "Pad", "Pow", "Reciprocal",
+    "ReduceMean", "Relu", "Selu", "Shrink", "Sigmoid", "Sign", "Size", "Softmax", "Softplus",
+    "Softsign", "SpaceToDepth", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "ThresholdedRelu", "Tile",
     "Transpose", "Unsqueeze", "Where", "Xor",
 )  # fmt: skip
 
