@@ -204,7 +204,9 @@ class Deployer:
         with self._connect(host) as conn:
             layout = self._layout(conn, host)
             platform = parse_probe(
-                conn.run(f"{host.python} -c {shlex.quote(PROBE)}", step="probe python").stdout
+                conn.run(
+                    f"{shlex.quote(host.python)} -c {shlex.quote(PROBE)}", step="probe python"
+                ).stdout
             )
             changes: list[str] = []
             want = agent_version()
@@ -293,7 +295,7 @@ class Deployer:
             building = f"{layout.venv}.new-{uuid.uuid4().hex[:8]}"
             stale = f"{shlex.quote(layout.venv)}.new-*"
             conn.run(
-                f"rm -rf {stale} 2>/dev/null; {host.python} -m venv {shlex.quote(building)}",
+                f"rm -rf {stale} 2>/dev/null; {shlex.quote(host.python)} -m venv {shlex.quote(building)}",
                 step="create virtualenv",
                 timeout_s=300,
             )
