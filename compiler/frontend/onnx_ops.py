@@ -112,7 +112,32 @@ def _conv(ctx: ImportContext) -> None:
         "groups": int(ctx.attr("group", 1)),
     }
     inputs = [ctx.input(i) for i in range(3) if ctx.has_input(i)]
+    groups, channels = int(ctx.attr("group", 1)), ctx.input_type(0).shape[1]
+    if groups > 1 and not (w_shape[1] == 1 and groups == channels == w_shape[0]):
+        _grouped_conv(ctx, inputs, attrs)
+        return
     ctx.emit("conv2d", inputs, attrs, bind=True)
+
+
+def _grouped_conv(ctx: ImportContext, inputs: list[str], attrs: dict[str, Any]) -> None:
+    """A grouped convolution that is not depthwise, as one convolution per group over its slice of
+    the channels, joined by Concat (the conv templates take groups=1 or depthwise only)."""
+    groups = int(attrs["groups"])
+    weight = ctx.const_input(1, "W")
+    bias = ctx.const_input(2, "B")
+    assert weight is not None
+    per_in = ctx.input_type(0).shape[1] // groups
+    per_out = weight.shape[0] // groups
+    outputs = []
+    for g in range(groups):
+        lo, hi = g * per_in, (g + 1) * per_in
+        part = ctx.emit("slice", [inputs[0]], {"starts": (lo,), "ends": (hi,), "axes": (1,)})[0]
+        rows = slice(g * per_out, (g + 1) * per_out)
+        args = [part, ctx.constant(weight[rows], "w")]
+        if bias is not None:
+            args.append(ctx.constant(bias[rows], "b"))
+        outputs.append(ctx.emit("conv2d", args, {**attrs, "groups": 1})[0])
+    ctx.emit("concat", outputs, {"axis": 1}, bind=True)
 
 
 @converter("ConvTranspose")

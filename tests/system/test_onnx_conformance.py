@@ -94,3 +94,21 @@ def test_outputs_no_kernel_writes_get_copies() -> None:
     assert np.array_equal(same, data)
     assert shape.tolist() == [2, 3]
     assert np.array_equal(relu, np.maximum(data, 0)) and np.array_equal(relu_again, relu)
+
+
+def test_a_grouped_convolution_builds_and_runs() -> None:
+    """groups=2 over 4 channels (neither 1 nor depthwise): one convolution per group, joined."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9, 9])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 9, 9])
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((6, 2, 3, 3)).astype(np.float32), "w")
+    bias = onnx.numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "grouped", [x], [y], [weight, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    (ours,) = KilnBackend.prepare(model).run([data])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(ours, session.run(None, {"x": data})[0], rtol=1e-4, atol=1e-4)
