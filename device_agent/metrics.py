@@ -23,15 +23,14 @@ agent imports it only when asked for metrics (`server.create_server(metrics_port
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from device_agent.stats import UPLOAD_OUTCOMES
+from protos.metrics_http import MetricsHttp
 
 if TYPE_CHECKING:
     from device_agent.agent import Agent
@@ -101,31 +100,9 @@ class _AgentCollector(Collector):
         yield devices
 
 
-class AgentMetrics:
+class AgentMetrics(MetricsHttp):
     """One agent's metrics registry; `serve()` exposes it over HTTP until `close()`."""
 
     def __init__(self, agent: Agent, version: str) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        super().__init__()
         self.registry.register(_AgentCollector(agent, version))
-        self._http: Any = None
-        self._thread: threading.Thread | None = None
-
-    def serve(self, host: str, port: int) -> int:
-        """Serve /metrics on host:port (0 = pick a free port); returns the bound port.
-
-        Raises:
-            OSError: the address could not be bound.
-        """
-        self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        bound: int = self._http.server_port
-        return bound
-
-    def close(self) -> None:
-        """Stop the HTTP endpoint, if serving."""
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None

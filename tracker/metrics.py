@@ -16,14 +16,14 @@ Exposed at http://<host>:<metrics-port>/metrics:
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from protos.metrics_http import MetricsHttp
 from tracker.model import DeviceState, ExpiryReport
 from tracker.pool import DevicePool
 
@@ -71,11 +71,11 @@ class _PoolCollector(Collector):
         yield up
 
 
-class TrackerMetrics:
+class TrackerMetrics(MetricsHttp):
     """The tracker's counters and histograms; `serve()` exposes them over HTTP."""
 
     def __init__(self, pool: DevicePool) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        super().__init__()
         self.registry.register(_PoolCollector(pool))
         self.lease_wait = Histogram(
             "kiln_tracker_lease_wait_seconds",
@@ -106,8 +106,6 @@ class TrackerMetrics:
             ["method", "code"],
             registry=self.registry,
         )
-        self._http: Any = None
-        self._thread: threading.Thread | None = None
 
     def observe_acquire(self, wait_s: float, granted: bool) -> None:
         """Record one Acquire's wait and whether it got a lease."""
@@ -127,23 +125,3 @@ class TrackerMetrics:
     def observe_rejection(self, method: str, code: Any) -> None:
         """Count one call the auth interceptor rejected (`code` is a grpc.StatusCode)."""
         self.auth_rejections.labels(method, code.name).inc()
-
-    def serve(self, host: str, port: int) -> int:
-        """Serve /metrics on host:port (0 = pick a free port); returns the bound port.
-
-        Raises:
-            OSError: the address could not be bound.
-        """
-        self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        bound: int = self._http.server_port
-        return bound
-
-    def close(self) -> None:
-        """Stop the HTTP endpoint, if serving."""
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None

@@ -39,6 +39,7 @@ EXTRA_THIRD_PARTY: dict[str, set[str]] = {
     "compiler/frontend/": {"onnx"},
     "compiler/zoo.py": {"onnx"},
     "device_agent/metrics.py": {"prometheus_client"},
+    "protos/metrics_http.py": {"prometheus_client"},  # imported only by the two above
 }
 
 
