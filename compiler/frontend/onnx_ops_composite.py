@@ -49,21 +49,23 @@ def _inputs(ctx: ImportContext) -> list[str]:
     return inputs
 
 
+def _add_all(ctx: ImportContext, values: Sequence[str]) -> str:
+    """values[0] + values[1] + ... (broadcasting as each add does)."""
+    total = values[0]
+    for x in values[1:]:
+        total = _one(ctx, "add", [total, x])
+    return total
+
+
 @converter("Sum")
 def _sum(ctx: ImportContext) -> None:
-    inputs = _inputs(ctx)
-    total = inputs[0]
-    for x in inputs[1:]:
-        total = _one(ctx, "add", [total, x])
-    _finish(ctx, total)
+    _finish(ctx, _add_all(ctx, _inputs(ctx)))
 
 
 @converter("Mean")
 def _mean(ctx: ImportContext) -> None:
     inputs = _inputs(ctx)
-    total = inputs[0]
-    for x in inputs[1:]:
-        total = _one(ctx, "add", [total, x])
+    total = _add_all(ctx, inputs)
     _finish(ctx, _one(ctx, "div", [total, _const(ctx, len(inputs), total)]))
 
 
@@ -197,13 +199,11 @@ def _lrn(ctx: ImportContext) -> None:
     pads = [0] * (2 * rank)
     pads[1], pads[1 + rank] = before, after
     padded = _one(ctx, "pad", [squared], {"pads": tuple(pads), "mode": "constant", "value": 0.0})
-    total = None
-    for i in range(size):
-        window = _one(
-            ctx, "slice", [padded], {"starts": (i,), "ends": (i + channels,), "axes": (1,)}
-        )
-        total = window if total is None else _one(ctx, "add", [total, window])
-    assert total is not None
+    windows = [
+        _one(ctx, "slice", [padded], {"starts": (i,), "ends": (i + channels,), "axes": (1,)})
+        for i in range(size)
+    ]
+    total = _add_all(ctx, windows)
     scaled = _one(ctx, "mul", [total, _const(ctx, alpha / size, x)])
     base = _one(ctx, "add", [scaled, _const(ctx, bias, x)])
     _finish(ctx, _one(ctx, "div", [x, _one(ctx, "pow", [base, _const(ctx, beta, x)])]))
@@ -358,14 +358,18 @@ def _shrink(ctx: ImportContext) -> None:
 # -- rearrangement -------------------------------------------------------------------------------------
 
 
-@converter("DepthToSpace")
-def _depth_to_space(ctx: ImportContext) -> None:
+def _blocks_input(ctx: ImportContext) -> tuple[str, tuple[int, ...], int]:
+    """DepthToSpace's and SpaceToDepth's data (N x C x H x W), its shape, and the blocksize."""
     x = ctx.input(0)
     shape = ctx.type_of(x).shape
     if len(shape) != 4:
         raise GraphError(f"data must be N x C x H x W, got shape {list(shape)}")
-    n, c, h, w = shape
-    b = int(ctx.attr("blocksize", 0))
+    return x, shape, int(ctx.attr("blocksize", 0))
+
+
+@converter("DepthToSpace")
+def _depth_to_space(ctx: ImportContext) -> None:
+    x, (n, c, h, w), b = _blocks_input(ctx)
     if b < 1 or c % (b * b):
         raise GraphError(f"blocksize {b} must divide the {c} channels twice")
     if str(ctx.attr("mode", "DCR")) == "DCR":
@@ -379,12 +383,7 @@ def _depth_to_space(ctx: ImportContext) -> None:
 
 @converter("SpaceToDepth")
 def _space_to_depth(ctx: ImportContext) -> None:
-    x = ctx.input(0)
-    shape = ctx.type_of(x).shape
-    if len(shape) != 4:
-        raise GraphError(f"data must be N x C x H x W, got shape {list(shape)}")
-    n, c, h, w = shape
-    b = int(ctx.attr("blocksize", 0))
+    x, (n, c, h, w), b = _blocks_input(ctx)
     if b < 1 or h % b or w % b:
         raise GraphError(f"blocksize {b} must divide height {h} and width {w}")
     mode = str(ctx.attr("mode", "DCR"))
