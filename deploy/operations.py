@@ -137,6 +137,7 @@ class Deployer:
         self.wait_s = wait_s
         self.parallel = max(1, parallel)
         self.cache = cache
+        self._version = agent_version()  # hashes the agent's sources: once per run
         try:
             secrets = load_secrets(inventory.secrets)
             self._agent_secrets = agent_secrets_text(secrets).encode()
@@ -209,7 +210,7 @@ class Deployer:
                 ).stdout
             )
             changes: list[str] = []
-            want = agent_version()
+            want = self._version
             installed = (conn.read_file(layout.installed) or b"").decode().strip()
             venv_ok = conn.run(f"test -x {shlex.quote(layout.python)}", check=False, timeout_s=30)
             if venv_ok.exit_status != 0:
@@ -344,8 +345,8 @@ class Deployer:
         up = sum(1 for s in states.values() if s in ("FREE", "LEASED"))
         ok = active and up == host.devices
         detail = f"agent {installed or 'not installed'}"
-        if installed and installed != agent_version():
-            detail += f" (this workstation has {agent_version()})"
+        if installed and installed != self._version:
+            detail += f" (this workstation has {self._version})"
         return HostResult(
             host.name, ok, "running" if active else "stopped", detail, devices=devices
         )

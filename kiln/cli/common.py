@@ -54,6 +54,18 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape(dims)
 
 
+def add_input_shape_arg(p: argparse.ArgumentParser) -> None:
+    """--input-shape NAME=D,D,... (repeatable): static shapes for symbolic model inputs."""
+    p.add_argument(
+        "--input-shape",
+        type=input_shape,
+        action="append",
+        default=[],
+        metavar="NAME=D,D,...",
+        help="static shape of a model input with symbolic dims, e.g. x=1,3,224,224 (repeatable)",
+    )
+
+
 def positive_seconds(text: str) -> float:
     try:
         value = float(text)

@@ -31,14 +31,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="an .onnx file")
-    p.add_argument(
-        "--input-shape",
-        type=common.input_shape,
-        action="append",
-        default=[],
-        metavar="NAME=D,D,...",
-        help="fix a symbolic input shape (repeatable), as for kiln build",
-    )
+    common.add_input_shape_arg(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     p.set_defaults(func=run)
 

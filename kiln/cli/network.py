@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         formatter_class=common.ExamplesFormatter,
     )
     t.add_argument("model", help="the .onnx file")
-    _add_shape_arg(t)
+    common.add_input_shape_arg(t)
     common.add_pool_args(t)
     common.add_tuning_args(t, early_stop_default=NETWORK_EARLY_STOP)
     t.set_defaults(func=cmd_tune)
@@ -66,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument(
         "--target", default="host", help="what to compile for: host (default) or a named target"
     )
-    _add_shape_arg(b)
+    common.add_input_shape_arg(b)
     b.set_defaults(func=cmd_build)
 
     r = sub.add_parser(
@@ -91,17 +91,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     common.add_pool_args(r, local_devices=False)
     r.set_defaults(func=cmd_run)
-
-
-def _add_shape_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--input-shape",
-        type=common.input_shape,
-        action="append",
-        default=[],
-        metavar="NAME=D,D,...",
-        help="static shape of a model input with symbolic dims, e.g. x=1,3,224,224 (repeatable)",
-    )
 
 
 def _load(args: argparse.Namespace) -> Graph:
