@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from compiler.artifact import ArgSpec, Artifact, Entry, manifest_source
-from compiler.codegen.c import render_c
-from compiler.codegen.timing import render_timing, timing_symbol
+from compiler.codegen.c import FunctionWriter, check_symbol, render_c, unit_source
+from compiler.codegen.timing import TIMING_PRELUDE, render_timing, timing_symbol
+from compiler.gc_pause import without_gc
 from compiler.lower import lower
 from compiler.schedule.schedule import Schedule
 from compiler.te.tensor import PlaceholderOp, Tensor
-from compiler.toolchain import Target, compile_shared, get_target
+from compiler.toolchain import SharedObject, Target, UnitBuild, compile_shared, get_target
 
 _LOG = logging.getLogger(__name__)
 
@@ -39,12 +40,70 @@ def build_source(
     return build_source_many([Kernel(sch, args, symbol)], target)
 
 
+@without_gc
 def build_source_many(kernels: Sequence[Kernel], target: Target | str = "host") -> str:
     """One translation unit with every kernel of `kernels` and their timing entries."""
     tgt = get_target(target)
     funcs = [(lower(k.sch, k.args, k.symbol), k.symbol) for k in kernels]
     timing = render_timing([k.symbol for k in kernels])
     return render_c(funcs, extra=[timing], vector_bytes=tgt.vector_bytes)
+
+
+# C per translation unit when a build is split: big enough that the compiler's start and the
+# prelude are a small part of each, small enough that the first unit compiles early while the
+# rest are still lowered, and that both cores stay busy at the end.
+UNIT_CHARS = 256_000
+
+
+@without_gc
+def compile_kernels(
+    kernels: Sequence[Kernel],
+    tail: Sequence[str],
+    target: Target | str = "host",
+    unit_chars: int | None = None,
+) -> SharedObject:
+    """One shared object with every kernel of `kernels`, their timing entries and the C chunks
+    of `tail` (which may call the kernels and use the timing prelude's helpers).
+
+    Kernels are lowered and rendered one at a time. While their C stays under `unit_chars`
+    (default UNIT_CHARS) in all, the result is the one translation unit `build_source_many` and `tail` make. Past that,
+    every `unit_chars` of kernels becomes a unit of its own, which starts compiling
+    (`toolchain.UnitBuild`: in parallel, each unit cached by its content) while the next kernels
+    are lowered; `tail` is the last unit, with the kernels' prototypes, and the objects are
+    linked into one shared object.
+    """
+    tgt = get_target(target)
+    limit = UNIT_CHARS if unit_chars is None else unit_chars
+    units: UnitBuild | None = None
+    pending: list[tuple[FunctionWriter, str]] = []
+    symbols: list[str] = []
+    size = 0
+
+    def flush() -> str:
+        nonlocal pending, size
+        done = [w.symbol for w, _ in pending]
+        source = unit_source(pending, [render_timing(done)])
+        pending, size = [], 0
+        return source
+
+    for k in kernels:
+        writer = FunctionWriter(
+            lower(k.sch, k.args, k.symbol), check_symbol(k.symbol), tgt.vector_bytes
+        )
+        body = writer.render()
+        pending.append((writer, body))
+        symbols.append(k.symbol)
+        size += len(body)
+        if size >= limit:
+            units = units or UnitBuild(tgt)
+            units.add(flush())
+    if units is None:
+        return compile_shared("\n".join([flush(), *tail]), tgt)
+    if pending:
+        units.add(flush())
+    prototypes = "".join(f"int32_t {symbol}(void **args);\n" for symbol in symbols)
+    units.add("\n".join([unit_source([]), prototypes, TIMING_PRELUDE, *tail]))
+    return units.link()
 
 
 def build(

@@ -26,7 +26,8 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,21 +187,83 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
     ).hexdigest()
 
     def build(src: Path, out: Path) -> None:
-        cmd = [tgt.compiler, *flags, "-o", str(out), str(src)]
-        _LOG.debug("compiling for %s: %s", tgt.name, " ".join(cmd))
-        proc = _compile(cmd, tgt)
-        if proc.returncode != 0 and _ICE in proc.stderr:
-            # Same source, safer optimisation: a compiler bug must not fail a candidate.
-            safe = [f for f in flags if f not in ("-O3", "-O2")] + list(_SAFE_FLAGS)
-            _LOG.warning("%s crashed on %s; retrying with %s", tgt.compiler, tgt.name, _SAFE_FLAGS)
-            proc = _compile([tgt.compiler, *safe, "-o", str(out), str(src)], tgt)
-        if proc.returncode != 0:
-            raise BuildError(
-                f"{tgt.compiler} failed for target {tgt.name} (exit {proc.returncode})", proc.stderr
-            )
+        _compile_or_retry(tgt, flags, ["-o", str(out), str(src)])
 
     path, hit = _cached_build(key, "module.c", "so", source, build)
     return SharedObject(path.read_bytes(), path, cache_hit=hit)
+
+
+def _compile_or_retry(tgt: Target, flags: Sequence[str], tail: list[str]) -> None:
+    """Run `tgt`'s compiler with `flags`, then `tail` (output and inputs). An internal compiler
+    error is retried once with safer flags; a failure raises BuildError with the stderr."""
+    cmd = [tgt.compiler, *flags, *tail]
+    _LOG.debug("compiling for %s: %s", tgt.name, " ".join(cmd))
+    proc = _compile(cmd, tgt)
+    if proc.returncode != 0 and _ICE in proc.stderr:
+        # Same source, safer optimisation: a compiler bug must not fail a candidate.
+        safe = [f for f in flags if f not in ("-O3", "-O2")] + list(_SAFE_FLAGS)
+        _LOG.warning("%s crashed on %s; retrying with %s", tgt.compiler, tgt.name, _SAFE_FLAGS)
+        proc = _compile([tgt.compiler, *safe, *tail], tgt)
+    if proc.returncode != 0:
+        raise BuildError(
+            f"{tgt.compiler} failed for target {tgt.name} (exit {proc.returncode})", proc.stderr
+        )
+
+
+class UnitBuild:
+    """One shared object from several C translation units, compiled in parallel as they come.
+
+    `add(source)` starts compiling a unit into an object file and returns at once, so the caller
+    can produce the next unit while the compiler runs; `link()` waits for the objects and links
+    them. Each object is cached by its unit's content hash (with the compiler and flags), so a
+    unit unchanged since an earlier build is not compiled again, and the shared object by the
+    units' hashes. At most `jobs` compilers run at once (default: the CPUs this process may run
+    on). A unit that fails to compile fails `link()` with its BuildError.
+    """
+
+    def __init__(self, target: Target | str = "host", jobs: int | None = None) -> None:
+        self.target = get_target(target)
+        workers = jobs or len(os.sched_getaffinity(0))
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="kiln-cc")
+        self._keys: list[str] = []
+        self._objects: list[Future[tuple[Path, bool]]] = []
+        self._openmp = False
+
+    def add(self, source: str) -> None:
+        extra = _extra_flags(source, self.target.compiler)
+        self._openmp |= bool(extra)
+        flags = (*self.target.flags, *extra)
+        key = _cache_key(source, self.target.compiler, (*flags, "-c"))
+        self._keys.append(key)
+
+        def build(src: Path, out: Path) -> None:
+            _compile_or_retry(self.target, flags, ["-c", "-o", str(out), str(src)])
+
+        self._objects.append(self._pool.submit(_cached_build, key, "unit.c", "o", source, build))
+
+    def link(self) -> SharedObject:
+        """The shared object of every unit added; waits for their compiles."""
+        try:
+            objects = [future.result() for future in self._objects]
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        tgt = self.target
+        flags = (*tgt.flags, *(_extra_flags("#pragma omp", tgt.compiler) if self._openmp else ()))
+        key = _cache_key("\0".join(self._keys), tgt.compiler, (*flags, "link"))
+        paths = [str(path) for path, _ in objects]
+
+        def build(listing: Path, out: Path) -> None:
+            _compile_or_retry(tgt, flags, ["-o", str(out), *paths])
+
+        path, hit = _cached_build(key, "objects.txt", "so", "\n".join(paths), build)
+        compiled = not hit or not all(unit_hit for _, unit_hit in objects)
+        return SharedObject(path.read_bytes(), path, cache_hit=not compiled)
+
+
+def _cache_key(source: str, compiler: str, flags: Sequence[str]) -> str:
+    return hashlib.sha256(
+        "\0".join([source, _compiler_identity(compiler), *flags]).encode()
+    ).hexdigest()
 
 
 def _cached_build(

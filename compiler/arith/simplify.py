@@ -53,14 +53,14 @@ class _Simplifier:
             condition = self.visit(e.condition)
             if isinstance(condition, E.IntImm):
                 return self.visit(e.true_value if condition.value else e.false_value)
+        if isinstance(e, E.Add | E.Sub | E.Mul) and e.dtype in E.INT_DTYPES:
+            return from_sum(self.linear(e))
         kids = E.children(e)
         if not kids:
             return e
         new = [self.visit(k) for k in kids]
         if not all(a is b for a, b in zip(new, kids, strict=True)):
             e = E.rebuild(e, new)
-        if isinstance(e, E.Add | E.Sub | E.Mul) and e.dtype in E.INT_DTYPES:
-            return from_sum(to_sum(e))
         if isinstance(e, E.FloorDiv | E.FloorMod) and e.dtype in E.INT_DTYPES:
             return self.divmod(e)
         if isinstance(e, E.Min | E.Max) and e.dtype in E.INT_DTYPES:
@@ -70,6 +70,25 @@ class _Simplifier:
         if isinstance(e, E.And | E.Or | E.Not | E.Select):
             return self.logic(e)
         return e
+
+    def linear(self, e: E.Expr) -> LinearSum:
+        """The linear form of integer `e` with every atom simplified, built bottom-up in one walk.
+
+        Equal to `to_sum` of `e` with its children simplified, but a chain of n additions costs
+        O(n), not the O(n^2) of canonicalizing every prefix of it on the way up.
+        """
+        if isinstance(e, E.Add | E.Sub):
+            s = self.linear(e.a)
+            s.add(self.linear(e.b), 1 if isinstance(e, E.Add) else -1)
+            return s
+        if isinstance(e, E.Mul):
+            a, b = self.linear(e.a), self.linear(e.b)
+            if not b.nonzero():
+                return a.scaled(b.const)
+            if not a.nonzero():
+                return b.scaled(a.const)
+            return to_sum(E.Mul(from_sum(a), from_sum(b)))
+        return to_sum(self.visit(e))
 
     def divmod(self, e: E.FloorDiv | E.FloorMod) -> E.Expr:
         if not isinstance(e.b, E.IntImm) or e.b.value <= 0:

@@ -143,16 +143,29 @@ def render_c(
         vector_bytes: the widest vector register of the target (64 for AVX-512, 32 for AVX2,
             16 for NEON); wider vectorized loops become one statement per register.
     """
+    writers = [FunctionWriter(func, check_symbol(symbol), vector_bytes) for func, symbol in funcs]
+    return unit_source([(w, w.render()) for w in writers], extra)
+
+
+def unit_source(rendered: Sequence[tuple[FunctionWriter, str]], extra: Sequence[str] = ()) -> str:
+    """One translation unit of functions already rendered ((writer, its `render()`) pairs): the
+    prelude, the vector and math helpers those functions use, the functions, then `extra`."""
     from compiler.codegen.vector import vector_helpers
     from compiler.codegen.vector_math import vector_math_helpers
 
-    writers = [FunctionWriter(func, check_symbol(symbol), vector_bytes) for func, symbol in funcs]
-    bodies = [w.render() for w in writers]
+    writers = [w for w, _ in rendered]
     vec_types = sorted({t for w in writers for t in w.vec_types})
     math = vector_math_helpers({c for w in writers for c in w.vec_math})
     intrinsics = sorted({src for w in writers for src in w.intrin_sources})
     return "\n".join(
-        [PRELUDE, *(vector_helpers(*t) for t in vec_types), *math, *intrinsics, *bodies, *extra]
+        [
+            PRELUDE,
+            *(vector_helpers(*t) for t in vec_types),
+            *math,
+            *intrinsics,
+            *(body for _, body in rendered),
+            *extra,
+        ]
     )
 
 

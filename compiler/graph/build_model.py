@@ -2,7 +2,9 @@
 
 `build_model(graph)` runs the inference pass pipeline, fuses, lowers every group to kernel
 steps (`model_kernels`), plans one workspace over the steps (pad buffers and anchor outputs
-included), and compiles one translation unit holding every kernel and
+included), and compiles every kernel (one translation unit for a small model; a big one's
+kernels in units of about `build.UNIT_CHARS` of C, compiled in parallel while the rest are
+lowered, each cached by its content, then linked: `build.compile_kernels`) and
 
     int32_t kiln_model_run(void **inputs, void **outputs, void *workspace, void **params);
 
@@ -37,14 +39,15 @@ from pathlib import Path
 import numpy as np
 
 from compiler.artifact import ArgSpec, Artifact, Entry, manifest_source
-from compiler.build import build_source_many, kernel_entry
+from compiler.build import compile_kernels, kernel_entry
 from compiler.codegen.timing import TIMING_PRELUDE, render_timing, timing_symbol
+from compiler.gc_pause import without_gc
 from compiler.graph import passes as P
 from compiler.graph.ir import Graph, GraphError
 from compiler.graph.model_kernels import Configs, Step, lower_model, steps_graph
 from compiler.graph.passes.memory_plan import MemoryPlan
 from compiler.graph.tasks import TaskSpec, anchor_workload, extract_tasks
-from compiler.toolchain import cache_dir, compile_shared, get_target
+from compiler.toolchain import cache_dir, get_target
 
 ENTRY = "kiln_model_run"
 MODEL_ENTRY = "kiln_model"
@@ -207,6 +210,7 @@ class ModelPlan:
     tasks: list[TaskSpec]
 
 
+@without_gc
 def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host") -> ModelPlan:
     """Optimize, fuse, lower to kernel steps and plan the workspace of `graph` (no compiling).
 
@@ -366,6 +370,7 @@ def _as_param(value: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(value.astype(np.int32) if value.dtype == bool else value)
 
 
+@without_gc
 def build_model(
     graph: Graph, configs: Configs | None = None, target: str = "host"
 ) -> ModelArtifact:
@@ -398,16 +403,13 @@ def build_model(
         ),
         sum(e.flop for e in entries),
     )
-    source = "\n".join(
-        [
-            build_source_many(kernels, tgt),
-            entry_source(plan),
-            packed_entry_source(plan, params, _blob_file(blob) if blob else None),
-            model_timing,
-            manifest_source((*entries, model_entry)),
-        ]
-    )
-    shared = compile_shared(source, tgt)
+    tail = [
+        entry_source(plan),
+        packed_entry_source(plan, params, _blob_file(blob) if blob else None),
+        model_timing,
+        manifest_source((*entries, model_entry)),
+    ]
+    shared = compile_kernels(kernels, tail, tgt)
     digest = hashlib.sha256(shared.data).hexdigest()
     artifact = Artifact(
         shared.data, digest, "shared_object", tgt.name, (*entries, model_entry), plan.memory.total

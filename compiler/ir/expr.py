@@ -9,7 +9,7 @@ hashable value that two structurally equal expressions share (the simplifier com
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 # How IR nodes print: compiler.ir.printer (which imports this module) installs its `to_str` here
@@ -121,16 +121,21 @@ class BinaryOp(Expr):
 
     a: Expr
     b: Expr
+    # The operands' dtype, kept at construction: read through the left spine each time, building
+    # a chain of n additions (a canonical sum) cost O(n^2).
+    _dtype: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.a.dtype != self.b.dtype:
+        dtype = self.a.dtype
+        if dtype != self.b.dtype:
             raise TypeError(
-                f"{type(self).__name__} of {self.a.dtype} and {self.b.dtype}: cast one side first"
+                f"{type(self).__name__} of {dtype} and {self.b.dtype}: cast one side first"
             )
+        object.__setattr__(self, "_dtype", dtype)
 
     @property
     def dtype(self) -> str:
-        return self.a.dtype
+        return self._dtype
 
 
 class Add(BinaryOp):
@@ -232,15 +237,17 @@ class Select(Expr):
     true_value: Expr
     false_value: Expr
 
+    _dtype: str = field(init=False, repr=False)
+
     def __post_init__(self) -> None:
-        if self.true_value.dtype != self.false_value.dtype:
-            raise TypeError(
-                f"select of {self.true_value.dtype} and {self.false_value.dtype}: cast one side"
-            )
+        dtype = self.true_value.dtype
+        if dtype != self.false_value.dtype:
+            raise TypeError(f"select of {dtype} and {self.false_value.dtype}: cast one side")
+        object.__setattr__(self, "_dtype", dtype)
 
     @property
     def dtype(self) -> str:
-        return self.true_value.dtype
+        return self._dtype
 
 
 # Pure math functions a Call may name, with their arity; each backend maps them to its library.

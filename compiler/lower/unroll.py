@@ -18,16 +18,29 @@ MAX_EXPLICIT_UNROLL = 16
 
 
 class _Unroll(StmtMutator):
+    """Replicates unrolled loops; the copies of a nest of them are simplified once, at its top.
+
+    Simplifying the copies at every level of a nest re-simplified the innermost body once per
+    enclosing unrolled loop (and the next level's substitution had to walk the result again).
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0  # unrolled loops enclosing the node being visited
+
     def visit_for(self, s: For) -> Stmt:
-        body = self.visit(s.body)
         explicit = any(k == "unroll_explicit" and v for k, v in s.pragmas)
-        if (
+        unrolled = (
             isinstance(s.extent, E.IntImm)
             and (s.kind is ForKind.UNROLLED or explicit)
             and (s.extent.value <= MAX_EXPLICIT_UNROLL or explicit)
-        ):
-            copies = [substitute_stmt(body, {s.var: E.IntImm(i)}) for i in range(s.extent.value)]
-            return StmtSimplifier().visit(seq(*copies))
+        )
+        self.depth += unrolled
+        body = self.visit(s.body)
+        self.depth -= unrolled
+        if unrolled:
+            assert isinstance(s.extent, E.IntImm)
+            copies = seq(*(substitute_stmt(body, {s.var: E.IntImm(i)}) for i in range(s.extent.value)))
+            return copies if self.depth else StmtSimplifier().visit(copies)
         return s if body is s.body else For(s.var, s.extent, s.kind, body, s.thread_tag, s.pragmas)
 
 

@@ -7,6 +7,7 @@ Each model is an ONNX graph (small nets made here with `onnx.helper`, ResNet-18 
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,38 @@ def test_residual_block_with_asymmetric_pads_and_strides() -> None:
     weights = {t.workload: t.weight for t in built.tasks}
     assert weights[(1, 16, 10, 10, 16, 3, 3, 1, 1, 1)] == 1
     assert weights[(1, 16, 10, 10, 16, 3, 3, 1, 1, 2)] == 1
+
+
+def test_a_model_split_into_translation_units_builds_and_matches(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past UNIT_CHARS of kernel C a build is several units compiled apart and linked; the
+    model (packed and unpacked entries, the kernels' timing entries) works as one unit does."""
+    import compiler.build
+
+    commands: list[list[str]] = []
+    real_run = toolchain._run
+
+    def spy(cmd: list[str]) -> Any:
+        commands.append(cmd)
+        return real_run(cmd)
+
+    monkeypatch.setattr(toolchain, "_run", spy)
+    monkeypatch.setattr(compiler.build, "UNIT_CHARS", 1)  # every kernel a unit of its own
+    n = Net(2)
+    x = n.node("Relu", [n.bn(n.conv("x", 8, 16, 3), 16)])
+    y = n.conv(x, 16, 16, 1)
+    out = n.node("Relu", [n.node("Add", [y, x])])
+    built = check_model(n.model({"x": (1, 8, 10, 10)}, [out]))
+    units = [c for c in commands if "-c" in c]
+    kernels = [e for e in built.artifact.entries if e.symbol != MODEL_ENTRY]
+    assert len(units) == len(kernels) + 1  # a unit per kernel, and the model's own entries
+    assert len(commands) == len(units) + 1  # then one link
+    so = tmp_path / "model.so"
+    so.write_bytes(built.artifact.data)
+    lib = ctypes.CDLL(str(so))
+    for entry in kernels:  # every kernel and its timing entry is exported from its unit
+        assert getattr(lib, entry.symbol) and getattr(lib, entry.timing_symbol)
 
 
 def test_3x3_stride_1_convs_run_by_winograd_over_inputs_padded_to_whole_tiles() -> None:
