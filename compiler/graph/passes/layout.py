@@ -45,6 +45,10 @@ ELEMENTWISE = frozenset(
 )
 BROADCASTING = frozenset({"add", "sub", "mul", "div", "pow"})
 POOLS = {p: f"{p}_nchwc" for p in ("max_pool2d", "avg_pool2d", "global_avg_pool2d")}
+# Output block of a 1x1 convolution whose channels it divides: two vectors of output channels
+# per register tile row. The 1x1 template's tile is reg_n pixels x one block, so with blocks of
+# one vector every FMA waits on a broadcast of an input value; with two, half as many.
+WIDE_1X1_BLOCK = 2 * VECTOR_LANES
 
 
 def default_block(channels: int) -> int:
@@ -76,6 +80,8 @@ class _Rewriter:
         self.home: dict[str, str] = {}  # the layout each original value is produced in
         self.forms: dict[str, dict[str, str]] = {}  # original value -> layout -> new name
         self.packed: dict[tuple[str, str, int, int], str] = {}
+        self.consumers = src.consumers()
+        self.producers = src.producers()
         for v in src.inputs:
             self.g.add_input(v, src.type_of(v).shape, src.type_of(v).dtype)
             self._define(v, NCHW, v)
@@ -190,11 +196,14 @@ class _Rewriter:
         groups = int(node.attrs.get("groups", 1))
         oc, ic = wt.shape[0], xt.shape[1]
         if template == "depthwise_conv2d_nchwc":
-            icb = ocb = self.channel_block(ic, f"depthwise {node_label(node)}")
+            icb = ocb = self.input_block(x, ic, node)
         elif groups == 1:
             stem = template == "conv2d_stem_nchwc"
-            icb = ic if stem else self.channel_block(ic, f"input of {node_label(node)}")
-            ocb = self.channel_block(oc, f"output of {node_label(node)}")
+            icb = ic if stem else self.input_block(x, ic, node)
+            if template == "conv2d_1x1_nchwc" and self.widens(node, oc):
+                ocb = WIDE_1X1_BLOCK
+            else:
+                ocb = self.channel_block(oc, f"output of {node_label(node)}")
         else:
             return False  # grouped, not depthwise: stays NCHW
         if node.name and node.name in self.conv_blocks:
@@ -206,6 +215,52 @@ class _Rewriter:
         attrs["template"] = template
         self.carry(node, "conv2d_nchwc", inputs, blocked(ocb), attrs)
         return True
+
+    def widens(self, node: Node, oc: int) -> bool:
+        """Whether a 1x1 convolution's output takes WIDE_1X1_BLOCK: where it divides the channels
+        and no concat joins the output (or an elementwise result of it) with values in other blocks (an inception branch, a fire
+        module's expand: the concat and what follows would run NCHW)."""
+        if oc % WIDE_1X1_BLOCK:
+            return False
+        frontier = list(node.outputs)
+        for _ in range(8):  # through the elementwise ops that carry the block (bias, relu, ...)
+            users = [u for v in frontier for u in self.consumers.get(v, [])]
+            if any(u.op == "concat" for u in users):
+                return False
+            for u in users:  # a residual add with a value in another block would transform
+                partners = [v for v in u.inputs if v not in frontier and v not in self.src.constants]
+                if u.op in BROADCASTING and any(not self.wide_source(v) for v in partners):
+                    return False
+            frontier = [o for u in users if u.op in ELEMENTWISE | BROADCASTING for o in u.outputs]
+            if not frontier:
+                return True
+        return True
+
+    def wide_source(self, v: str) -> bool:
+        """Whether value `v` is (or will be) in WIDE_1X1_BLOCK: made by a 1x1 convolution of
+        channels it divides, through elementwise ops."""
+        if v in self.home:
+            return layout_block(self.home[v]) == WIDE_1X1_BLOCK
+        for _ in range(8):
+            node = self.producers.get(v)
+            if node is None:
+                return False
+            if node.op == "conv2d":
+                xt, wt = self.src.type_of(node.inputs[0]), self.src.type_of(node.inputs[1])
+                template = conv2d_template(xt, wt, node.attrs) if len(xt.shape) == 4 else None
+                return template == "conv2d_1x1_nchwc" and wt.shape[0] % WIDE_1X1_BLOCK == 0
+            if node.op not in ELEMENTWISE | BROADCASTING:
+                return False
+            v = node.inputs[0]
+        return False
+
+    def input_block(self, x: str, ic: int, node: Node) -> int:
+        """The block a conv reads `x` in: the one it was produced in (no transform), else the
+        default for its channels."""
+        home = self.blocked_home(x)
+        if home and ic % home == 0:
+            return home
+        return self.channel_block(ic, f"input of {node_label(node)}")
 
     def chosen_blocks(self, node: Node, template: str, ic: int, oc: int) -> tuple[int, int]:
         """The (input, output) blocks `conv_blocks` names for a conv, checked against it."""
