@@ -228,7 +228,9 @@ class _Rewriter:
             if any(u.op == "concat" for u in users):
                 return False
             for u in users:  # a residual add with a value in another block would transform
-                partners = [v for v in u.inputs if v not in frontier and v not in self.src.constants]
+                partners = [
+                    v for v in u.inputs if v not in frontier and v not in self.src.constants
+                ]
                 if u.op in BROADCASTING and any(not self.wide_source(v) for v in partners):
                     return False
             frontier = [o for u in users if u.op in ELEMENTWISE | BROADCASTING for o in u.outputs]
