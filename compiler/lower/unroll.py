@@ -39,7 +39,9 @@ class _Unroll(StmtMutator):
         self.depth -= unrolled
         if unrolled:
             assert isinstance(s.extent, E.IntImm)
-            copies = seq(*(substitute_stmt(body, {s.var: E.IntImm(i)}) for i in range(s.extent.value)))
+            copies = seq(
+                *(substitute_stmt(body, {s.var: E.IntImm(i)}) for i in range(s.extent.value))
+            )
             return copies if self.depth else StmtSimplifier().visit(copies)
         return s if body is s.body else For(s.var, s.extent, s.kind, body, s.thread_tag, s.pragmas)
 
