@@ -14,14 +14,25 @@ converter on import:
   resnet50    (opset 11) bottleneck blocks 3-4-6-3, widths 64-2048
   transformer (opset 11) 4-layer encoder: LayerNorm written out (ReduceMean/Sub/Pow/Sqrt/Div),
                          Gelu in Erf form, MatMul attention, Softmax
+  mobilenet   (opset 10) inverted residuals (1x1 expand, 3x3 depthwise, 1x1 project, Add where
+                         shapes match), Clip(0, 6) as ReLU6, global pool, Gemm head
+  googlenet   (opset 8)  7x7/2 stem, LRN, 1x1 + 3x3 conv, LRN, two inception blocks, AveragePool,
+                         Dropout, Gemm, Softmax
+  unet        (opset 11) encoder-decoder of 16-64 channels: MaxPool down twice, up by ConvTranspose
+                         (stride 2) and by nearest Resize, skips joined by Concat, 1x1 conv, Sigmoid
+  efficientnet (opset 11) MBConv blocks with Swish as x*Sigmoid(x) and squeeze-and-excitation,
+                         B0's stages and strides, global pool, Gemm head
 For each: the import (seconds), the untuned build (seconds: optimize, lower, C, gcc; with an empty
 compiler cache unless --warm-cache), then the
 build's outputs against onnxruntime's and both timed on one core, interleaved
 (`tuner.network.timing.versus_onnxruntime`, as benchmarks/models.py). Ratio = onnxruntime time /
 ours (> 1: ours faster). A model Kiln refuses is a row with the reason.
 
-Ends with one line (the conformance figure from benchmarks/conformance.py is not rerun here):
-    zoo: models=<n> correct=<n> build_s_max=<s> untuned_ratio_geomean=<x>
+Then (unless --no-conformance) benchmarks/conformance.py runs as a child process: onnx's node
+tests of every op Kiln imports. Ends with one line:
+    zoo: models=<n> correct=<n> build_s_max=<s> untuned_ratio_geomean=<x> untuned_ratio_min=<x>
+         conformance_pass_pct=<x> ops_claimed=<n>
+(pass_pct over the node tests of every op Kiln imports; an op is claimed when all of its pass).
 """
 
 from __future__ import annotations
@@ -36,11 +47,13 @@ import atexit  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -98,6 +111,31 @@ def _head(b: _Builder, x: str, c: int, classes: int, hidden: int = 0) -> str:
     return b.node("Gemm", [x, w, b.uniform("fc.b", (classes,), -0.05, 0.05)], "fc", transB=1)
 
 
+class Mix(NamedTuple):
+    """The output channels of one inception block's branches (`r`: the 1x1 reduce before them)."""
+
+    c1: int
+    c3r: int
+    c3: int
+    c5r: int
+    c5: int
+    pool_proj: int
+
+    @property
+    def out(self) -> int:
+        return self.c1 + self.c3 + self.c5 + self.pool_proj
+
+
+def _mix(b: _Builder, x: str, p: str, c: int, mix: Mix) -> str:
+    """An inception block: 1x1, 1x1->3x3, 1x1->5x5 and 3x3 max pool->1x1 branches, Concat."""
+    a = _conv(b, x, f"{p}.1x1", c, mix.c1, 1)
+    r = _conv(b, _conv(b, x, f"{p}.3x3r", c, mix.c3r, 1), f"{p}.3x3", mix.c3r, mix.c3, 3)
+    f = _conv(b, _conv(b, x, f"{p}.5x5r", c, mix.c5r, 1), f"{p}.5x5", mix.c5r, mix.c5, 5)
+    pool = b.node("MaxPool", [x], f"{p}.pool", kernel_shape=[3, 3], strides=[1, 1], pads=[1] * 4)
+    q = _conv(b, pool, f"{p}.poolproj", c, mix.pool_proj, 1)
+    return b.node("Concat", [a, r, f, q], f"{p}.cat", axis=1)
+
+
 def alexnet(image: int) -> onnx.ModelProto:
     b = _Builder(1)
     x = _conv(b, "input", "conv1", 3, 64, 11, 4, 2)
@@ -136,19 +174,11 @@ def inception(image: int) -> onnx.ModelProto:
     x = _conv(b, x, "stem2", 32, 64, 3)
     x = _pool(b, x, "stem.pool", 3, 2, pad=1)
     c = 64
-    for i, (c1, c3r, c3, c5r, c5, cp) in enumerate(
-        ((32, 48, 64, 8, 16, 16), (64, 64, 96, 16, 48, 32), (96, 48, 104, 8, 24, 32))
+    for i, mix in enumerate(
+        (Mix(32, 48, 64, 8, 16, 16), Mix(64, 64, 96, 16, 48, 32), Mix(96, 48, 104, 8, 24, 32))
     ):
         p = f"mix{i}"
-        a = _conv(b, x, f"{p}.1x1", c, c1, 1)
-        r = _conv(b, _conv(b, x, f"{p}.3x3r", c, c3r, 1), f"{p}.3x3", c3r, c3, 3)
-        f = _conv(b, _conv(b, x, f"{p}.5x5r", c, c5r, 1), f"{p}.5x5", c5r, c5, 5)
-        pool = b.node(
-            "MaxPool", [x], f"{p}.pool", kernel_shape=[3, 3], strides=[1, 1], pads=[1] * 4
-        )
-        q = _conv(b, pool, f"{p}.poolproj", c, cp, 1)
-        x = b.node("Concat", [a, r, f, q], f"{p}.cat", axis=1)
-        c = c1 + c3 + c5 + cp
+        x, c = _mix(b, x, p, c, mix), mix.out
         if i == 1:
             x = _pool(b, x, f"{p}.down", 3, 2, pad=1)
     x = b.node("GlobalAveragePool", [x], "gap")
@@ -298,6 +328,112 @@ def transformer(image: int) -> onnx.ModelProto:
     return model
 
 
+def mobilenet(image: int) -> onnx.ModelProto:
+    """MobileNetV2's widths and repeats; its BatchNorms folded into the convs, as exported."""
+    b = _Builder(9)
+
+    def conv6(x: str, name: str, cin: int, cout: int, k: int, s: int = 1, group: int = 1) -> str:
+        y = _conv(b, x, name, cin, cout, k, s, group=group, relu=False)
+        # ReLU6; opset 10's Clip takes its bounds as attributes (inputs from opset 11 on)
+        return b.node("Clip", [y], f"{name}.relu6", min=0.0, max=6.0)
+
+    x = conv6("input", "conv0", 3, 32, 3, 2)
+    c = 32
+    for stage, (expand, width, repeats, stride) in enumerate(
+        ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+         (6, 160, 3, 2), (6, 320, 1, 1))
+    ):  # fmt: skip
+        for i in range(repeats):
+            p, s, mid = f"s{stage}.{i}", stride if i == 0 else 1, c * expand
+            y = conv6(x, f"{p}.expand", c, mid, 1) if expand != 1 else x
+            y = conv6(y, f"{p}.dw", mid, mid, 3, s, group=mid)
+            y = _conv(b, y, f"{p}.project", mid, width, 1, relu=False)
+            x = b.node("Add", [x, y], f"{p}.add") if s == 1 and c == width else y
+            c = width
+    x = b.node("GlobalAveragePool", [conv6(x, "conv_last", c, 1280, 1)], "gap")
+    return _model(b, "mobilenet", image, _head(b, x, 1280, 1000), 10, [1, 1000])
+
+
+def googlenet(image: int) -> onnx.ModelProto:
+    """GoogLeNet up to inception 3b, then its head: AveragePool over the whole map, Dropout, Gemm."""
+    b = _Builder(10)
+    x = _conv(b, "input", "conv1", 3, 64, 7, 2)
+    x = _pool(b, x, "pool1", 3, 2, pad=1)
+    x = b.node("LRN", [x], "lrn1", size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    x = _conv(b, x, "conv2.reduce", 64, 64, 1)
+    x = _conv(b, x, "conv2", 64, 192, 3)
+    x = b.node("LRN", [x], "lrn2", size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    x = _pool(b, x, "pool2", 3, 2, pad=1)
+    c = 192
+    for p, mix in (("3a", Mix(64, 96, 128, 16, 32, 32)), ("3b", Mix(128, 128, 192, 32, 96, 64))):
+        x, c = _mix(b, x, f"inception_{p}", c, mix), mix.out
+    side = -(-image // 8)  # conv1, pool1 and pool2 each halve the side, rounding up
+    x = _pool(b, x, "pool5", side, 1, op="AveragePool")
+    x = b.node("Dropout", [x], "drop", ratio=0.4)
+    b.node("Softmax", [_head(b, x, c, 1000)], "prob", axis=1)
+    return _model(b, "googlenet", image, "prob", 8, [1, 1000])
+
+
+def unet(image: int) -> onnx.ModelProto:
+    """A two-level U-Net of 16-64 channels giving a one-channel mask; `image` a multiple of 4."""
+    b = _Builder(11)
+
+    def block(x: str, name: str, cin: int, cout: int) -> str:
+        return _conv(b, _conv(b, x, f"{name}.c1", cin, cout, 3), f"{name}.c2", cout, cout, 3)
+
+    enc1 = block("input", "enc1", 3, 16)
+    enc2 = block(_pool(b, enc1, "down1", 2, 2), "enc2", 16, 32)
+    x = block(_pool(b, enc2, "down2", 2, 2), "mid", 32, 64)
+    w = b.normal("up2.w", (64, 32, 2, 2), math.sqrt(2.0 / 64))
+    x = b.node("ConvTranspose", [x, w, b.uniform("up2.b", (32,), -0.05, 0.05)], "up2",
+               kernel_shape=[2, 2], strides=[2, 2])  # fmt: skip
+    x = block(b.node("Concat", [enc2, x], "skip2", axis=1), "dec2", 64, 32)
+    # As PyTorch exports nearest upsampling at opset 11: roi is an input there (optional from
+    # opset 13) that nearest mode ignores, and the asymmetric/floor pair is F.interpolate's rule
+    roi, scales = b.const(np.zeros(0)), b.const(np.array([1.0, 1.0, 2.0, 2.0]))
+    x = b.node("Resize", [x, roi, scales], "up1", mode="nearest",
+               coordinate_transformation_mode="asymmetric", nearest_mode="floor")  # fmt: skip
+    x = _conv(b, x, "up1.proj", 32, 16, 1)
+    x = block(b.node("Concat", [enc1, x], "skip1", axis=1), "dec1", 32, 16)
+    mask = b.node("Sigmoid", [_conv(b, x, "out", 16, 1, 1, relu=False)], "mask")
+    return _model(b, "unet", image, mask, 11, [1, 1, image, image])
+
+
+def efficientnet(image: int) -> onnx.ModelProto:
+    """EfficientNet-B0's stages, BatchNorms folded; Swish written out, as opset 11 has none."""
+    b = _Builder(12)
+
+    def swish(x: str, name: str) -> str:
+        return b.node("Mul", [x, b.node("Sigmoid", [x], f"{name}.sigmoid")], name)
+
+    def conv_swish(
+        x: str, name: str, cin: int, cout: int, k: int, s: int = 1, group: int = 1
+    ) -> str:
+        y = _conv(b, x, name, cin, cout, k, s, group=group, relu=False)
+        return swish(y, f"{name}.swish")
+
+    x = conv_swish("input", "stem", 3, 32, 3, 2)
+    c = 32
+    for stage, (expand, width, repeats, stride, k) in enumerate(
+        ((1, 16, 1, 1, 3), (6, 24, 2, 2, 3), (6, 40, 2, 2, 5), (6, 80, 3, 2, 3),
+         (6, 112, 3, 1, 5), (6, 192, 4, 2, 5), (6, 320, 1, 1, 3))
+    ):  # fmt: skip
+        for i in range(repeats):
+            p, s, mid = f"s{stage}.{i}", stride if i == 0 else 1, c * expand
+            squeezed = max(1, c // 4)  # SE squeezes to a quarter of the block's input channels
+            y = conv_swish(x, f"{p}.expand", c, mid, 1) if expand != 1 else x
+            y = conv_swish(y, f"{p}.dw", mid, mid, k, s, group=mid)
+            se = b.node("GlobalAveragePool", [y], f"{p}.se.pool")
+            se = conv_swish(se, f"{p}.se.reduce", mid, squeezed, 1)
+            se = _conv(b, se, f"{p}.se.expand", squeezed, mid, 1, relu=False)
+            y = b.node("Mul", [y, b.node("Sigmoid", [se], f"{p}.se.gate")], f"{p}.se")
+            y = _conv(b, y, f"{p}.project", mid, width, 1, relu=False)
+            x = b.node("Add", [x, y], f"{p}.add") if s == 1 and c == width else y
+            c = width
+    x = b.node("GlobalAveragePool", [conv_swish(x, "head", c, 1280, 1)], "gap")
+    return _model(b, "efficientnet", image, _head(b, x, 1280, 1000), 11, [1, 1000])
+
+
 MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "alexnet": alexnet,
     "vgg": vgg,
@@ -307,6 +443,10 @@ MODELS: dict[str, Callable[[int], onnx.ModelProto]] = {
     "densenet": densenet,
     "resnet50": resnet50,
     "transformer": transformer,
+    "mobilenet": mobilenet,
+    "googlenet": googlenet,
+    "unet": unet,
+    "efficientnet": efficientnet,
 }
 
 
@@ -328,6 +468,9 @@ def main() -> None:
         "--warm-cache",
         action="store_true",
         help="keep the compiler's build cache (default: an empty one, so builds are cold)",
+    )
+    parser.add_argument(
+        "--no-conformance", action="store_true", help="skip the ONNX node tests at the end"
     )
     args = parser.parse_args()
     if not args.warm_cache:
@@ -373,10 +516,10 @@ def main() -> None:
 
     print()
     print(
-        f"| {'model':<11} | opset | nodes | import s | build s | correct | ours ms | ort ms | ort/ours |"
+        f"| {'model':<12} | opset | nodes | import s | build s | correct | ours ms | ort ms | ort/ours |"
     )
     print(
-        f"|{'-' * 13}|-------|-------|----------|---------|---------|---------|--------|----------|"
+        f"|{'-' * 14}|-------|-------|----------|---------|---------|---------|--------|----------|"
     )
 
     def cell(r: dict[str, object], key: str, fmt: str) -> str:
@@ -389,7 +532,7 @@ def main() -> None:
             return cell(r, key, fmt)
 
         print(
-            f"| {r['model']:<11} | {r['opset']:>5} | {r['nodes']:>5} | {f('import_s', '8.2f')} | "
+            f"| {r['model']:<12} | {r['opset']:>5} | {r['nodes']:>5} | {f('import_s', '8.2f')} | "
             f"{f('build_s', '7.1f')} | {r.get('correct', '-')!s:>7} | {f('ours_ms', '7.2f')} | "
             f"{f('ort_ms', '6.2f')} | {f('ratio', '8.2f')} |"
         )
@@ -399,10 +542,30 @@ def main() -> None:
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else 0.0
     builds = [v for r in rows if isinstance(v := r.get("build_s"), float)]
     correct = sum(1 for r in rows if r.get("correct") is True)
+    conformance = "conformance_pass_pct=nan ops_claimed=nan"
+    if not args.no_conformance:
+        conformance = run_conformance()
     print(
         f"zoo: models={len(rows)} correct={correct} build_s_max={max(builds, default=0.0):.1f} "
-        f"untuned_ratio_geomean={geo:.2f}"
+        f"untuned_ratio_geomean={geo:.2f} untuned_ratio_min={min(ratios, default=0.0):.2f} "
+        f"{conformance}"
     )
+
+
+def run_conformance() -> str:
+    """benchmarks/conformance.py in a child process (its table shown); its figures as
+    `conformance_pass_pct=<x> ops_claimed=<n>`."""
+    script = Path(__file__).with_name("conformance.py")
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=3600
+    )
+    print(proc.stdout[-6000:], end="")
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    fields = dict(kv.split("=", 1) for kv in last.split()[1:] if "=" in kv)
+    if proc.returncode != 0 or "pass_pct" not in fields:
+        print(f"conformance failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        return "conformance_pass_pct=nan ops_claimed=nan"
+    return f"conformance_pass_pct={fields['pass_pct']} ops_claimed={fields['ops_all_pass']}"
 
 
 if __name__ == "__main__":
