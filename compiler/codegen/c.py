@@ -55,8 +55,13 @@ _INFIX = {
 }
 STACK_LIMIT_BYTES = 128 * 1024
 ALLOC_FAILED = -2
-_MATH_F32 = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "tanh": "tanhf", "fabs": "fabsf",
-             "pow": "powf", "erf": "erff"}  # fmt: skip
+# libm's names of MATH_FUNCTIONS (float32 takes the `f` one; float16 the double one, its result
+# rounded back); `rint` rounds halves to even because kernels run in the default rounding mode.
+_LIBM = ("exp", "log", "sqrt", "tanh", "fabs", "pow", "erf", "floor", "ceil", "rint", "fmod",
+         "copysign", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+         "acosh", "atanh")  # fmt: skip
+_MATH_F32 = {name: f"{name}f" for name in _LIBM}
+_BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # C keywords and the library names generated code uses; no variable or symbol may take them.
 # fmt: off
@@ -66,8 +71,8 @@ _C_KEYWORDS = frozenset((
     "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef",
     "union", "unsigned", "void", "volatile", "while", "_Bool", "_Complex", "_Imaginary",
     "args", "memcpy", "NULL", "NAN", "INFINITY", "INT64_C", "errno", "nanosleep", "clock_gettime",
-    "free", "abort", "aligned_alloc", "exp", "expf", "log", "logf", "sqrt", "sqrtf", "tanh",
-    "tanhf", "fabs", "fabsf", "pow", "powf", "erf", "erff", "main",
+    "free", "abort", "aligned_alloc", "main", "isnan",
+    *_LIBM, *_MATH_F32.values(),
 ))
 # fmt: on
 # Names the generated helpers use; a kernel symbol must not collide with them.
@@ -321,8 +326,7 @@ class FunctionWriter:
             c, a, b = self.expr(e.condition), self.expr(e.true_value), self.expr(e.false_value)
             return f"({c} ? {a} : {b})"
         if isinstance(e, E.Call):
-            fname = _MATH_F32[e.name] if e.dtype == "float32" else e.name
-            return f"{fname}({', '.join(self.expr(a) for a in e.args)})"
+            return self.call(e)
         if isinstance(e, E.BufferLoad):
             raise CodegenError(f"BufferLoad of {e.buffer.name}: run storage flatten first")
         if isinstance(e, E.Load):
@@ -343,6 +347,16 @@ class FunctionWriter:
             assert isinstance(e, E.BinaryOp)
             return f"({self.expr(e.a)} {_INFIX[type(e)]} {self.expr(e.b)})"
         raise CodegenError(f"no C rendering for {type(e).__name__}")
+
+    def call(self, e: E.Call) -> str:
+        args = [self.expr(a) for a in e.args]
+        if e.name in E.BIT_FUNCTIONS:
+            return _bit_call(e.name, args, e.dtype)
+        if e.name == "isnan":  # != 0: the macro promises a non-zero int, a bool is 0 or 1
+            (x,) = args
+            return f"(isnan({f'(float){x}' if e.args[0].dtype == 'float16' else x}) != 0)"
+        fname = _MATH_F32[e.name] if e.dtype == "float32" else e.name
+        return f"{fname}({', '.join(args)})"
 
     def stmt(self, s: Stmt, depth: int) -> list[str]:
         pad = "  " * depth
@@ -465,6 +479,31 @@ def _ctype(dtype: str) -> str:
     if dtype not in C_TYPES:
         raise CodegenError(f"dtype {dtype} has no C type yet")
     return C_TYPES[dtype]
+
+
+def _bit_call(name: str, args: list[str], dtype: str) -> str:
+    """C for a BIT_FUNCTIONS call on operands `args` (C text) of integer `dtype`.
+
+    C promotes narrow operands to int, so every result is cast back to `dtype`; a left shift
+    runs on the unsigned type of at least 32 bits (shifting a signed 1 into the sign bit, or a
+    promoted uint16 past int, is undefined); a count is in range when, as an unsigned 64-bit
+    value, it is below the width (negative counts are not); an arithmetic right shift by
+    width - 1 leaves what shifting every bit out would (-1 or 0).
+    """
+    ct = _ctype(dtype)
+    if name == "bitwise_not":
+        return f"(({ct})~{args[0]})"
+    a, b = args
+    if name in _BITWISE:
+        return f"(({ct})({a} {_BITWISE[name]} {b}))"
+    bits = int(dtype.removeprefix("u").removeprefix("int"))
+    inside = f"((uint64_t){b} < {bits})"
+    if name == "shift_left":
+        wide = "uint64_t" if bits == 64 else "uint32_t"
+        return f"({inside} ? ({ct})(({wide}){a} << {b}) : ({ct})0)"
+    if dtype.startswith("uint"):
+        return f"({inside} ? ({ct})({a} >> {b}) : ({ct})0)"
+    return f"(({ct})({a} >> ({inside} ? {b} : {bits - 1})))"
 
 
 def _int_literal(value: int, dtype: str) -> str:

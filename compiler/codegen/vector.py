@@ -3,8 +3,9 @@
 A loop qualifies when its extent is a power of two from 2 to 64 lanes (or `min(lanes, rest)`, in
 which case a full-width check picks the vector or the scalar path at run time) and its body is
 one store whose index moves by one element per iteration, of a value built from +, -, *, /,
-min, max, select, exp and erf (`vector_math`) of loads that move by one element (vector loads)
-or not at all (broadcast scalars). Unaligned
+min, max, select, exp and erf (`vector_math`), and integer &, |, ^, ~ of loads that move by one
+element (vector loads) or not at all (broadcast scalars). A loop with any other call (floor, sin,
+isnan, a shift, ...) stays a scalar loop, which gcc may still vectorize itself. Unaligned
 memory is read and written through memcpy, which gcc turns into single unaligned moves. Loops
 wider than one 64-byte register become one vector statement per register-wide chunk. A slice of
 a register-promoted buffer is its vector variables themselves (assigned and read, no memcpy);
@@ -34,6 +35,7 @@ MAX_LANES = 64
 MAX_VECTOR_BYTES = 64
 _OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "/"}
 _CMP = {E.LT: "<", E.LE: "<=", E.EQ: "==", E.NE: "!="}
+_BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _MASK_DTYPE = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
 
 
@@ -198,6 +200,15 @@ def _vector_expr(w: FunctionWriter, e: E.Expr, chunk: _Chunk) -> tuple[str, bool
         return f"kiln_v{name}_{e.dtype}x{chunk.width}({av}, {bv})", True
     if isinstance(e, E.Select):
         return _vector_select(w, e, chunk)
+    if isinstance(e, E.Call) and e.name in (*_BITWISE, "bitwise_not") and e.dtype in VECTOR_DTYPES:
+        # int32 / int64 only (the vector dtypes): no promotion, so no cast back is needed.
+        parts = [_vector_expr(w, a, chunk) for a in e.args]
+        if any(p is None for p in parts):
+            return None
+        codes = [p[0] for p in parts if p is not None]
+        if e.name == "bitwise_not":
+            return f"(~{codes[0]})", True
+        return f"({codes[0]} {_BITWISE[e.name]} {codes[1]})", True
     if isinstance(e, E.Call) and e.name in ("exp", "erf") and e.dtype == "float32":
         (arg,) = e.args
         value = _vector_expr(w, arg, chunk)

@@ -24,15 +24,23 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from compiler.frontend import onnx_ops_composite, onnx_ops_shape
+from compiler.frontend import (
+    onnx_ops_composite,
+    onnx_ops_einsum,
+    onnx_ops_index,
+    onnx_ops_resize,
+    onnx_ops_shape,
+)
 from compiler.frontend.onnx_context import ImportContext, NotConstantInput, OnnxImportError
 from compiler.frontend.onnx_ops import CONVERTERS
+from compiler.frontend.onnx_ops_resize import pin_legacy_resize
 from compiler.graph.ir import Graph, GraphError
 
 MIN_OPSET = 13  # what the converters are written for
 OLDEST_OPSET = 1  # older models are upgraded to MIN_OPSET (by onnx's converter) from this one on
 _DEFAULT_DOMAINS = ("", "ai.onnx")
-_FAMILIES = (onnx_ops_shape, onnx_ops_composite)  # imported for their registrations into CONVERTERS
+# imported for their registrations into CONVERTERS
+_FAMILIES = (onnx_ops_shape, onnx_ops_composite, onnx_ops_resize, onnx_ops_einsum, onnx_ops_index)
 
 __all__ = [
     "MIN_OPSET",
@@ -127,7 +135,7 @@ def _upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
     from onnx import version_converter
 
     try:
-        return version_converter.convert_version(model, MIN_OPSET)
+        return version_converter.convert_version(pin_legacy_resize(model, old), MIN_OPSET)
     except Exception as e:  # the converter raises RuntimeError, ValueError, its own errors
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OnnxImportError(

@@ -7,8 +7,11 @@ ONNX names that only rename another value (Identity, Dropout) are `aliases`. A c
 subgraphs (Shape -> Gather -> Concat -> Reshape) leave nothing behind.
 
 `emit` runs the registry's type rule for every node, folds the node when all its inputs are
-known, and otherwise appends it to the graph; `bind` gives a node's ONNX outputs their values
-and checks them against ONNX's own shape inference where it has a static answer.
+known or all its outputs are empty, and otherwise appends it to the graph; `bind` gives a node's
+ONNX outputs their values and checks them against ONNX's own shape inference where it has a
+static answer. Shapes are static, so a value with no elements is always known (an empty array):
+a reduction over an empty set folds to its identity, and no kernel reads or writes an empty
+tensor (Concat and Split leave their empty pieces out of the node they emit).
 """
 
 from __future__ import annotations
@@ -87,6 +90,13 @@ class ImportContext:
             return TensorType(tuple(int(d) for d in arr.shape), str(arr.dtype))
         return self.graph.type_of(name)
 
+    def known(self, name: str) -> np.ndarray | None:
+        """The value of `name` when known at import: a constant, or any value with no elements."""
+        if name in self.consts:
+            return self.consts[name]
+        t = self.type_of(name)
+        return np.zeros(t.shape, t.dtype) if t.size == 0 else None
+
     def constant(self, value: np.ndarray, hint: str = "const") -> str:
         """A new known value holding `value`."""
         name = self.fresh(hint)
@@ -164,10 +174,15 @@ class ImportContext:
                 if name:
                     self._check_shape(name, t.shape)
                     names[k] = name
-        if all(v in self.consts for v in inputs):
-            results = opdef.reference([self.consts[v] for v in inputs], attrs)
-            for name, r in zip(names, results, strict=True):
-                self.consts[name] = np.asarray(r)
+        if all(t.size == 0 for t in types):  # nothing to compute: empty constants
+            for name, t in zip(names, types, strict=True):
+                self.consts[name] = np.zeros(t.shape, t.dtype)
+            return names
+        known = [k for k in (self.known(v) for v in inputs) if k is not None]
+        if len(known) == len(inputs):
+            results = opdef.reference(known, attrs)
+            for name, r, t in zip(names, results, types, strict=True):
+                self.consts[name] = np.asarray(r, t.dtype)
             return names
         args = [self.materialize(v) for v in inputs]
         label = self.node.name or (self.node.output[0] if self.node.output else self.node.op_type)

@@ -142,47 +142,64 @@ def _grouped_conv(ctx: ImportContext, inputs: list[str], attrs: dict[str, Any]) 
 
 @converter("ConvTranspose")
 def _conv_transpose(ctx: ImportContext) -> None:
-    size = _spatial_input(ctx)[2:]
-    w_shape = ctx.input_type(1).shape
-    kernel = tuple(ctx.attr("kernel_shape", w_shape[2:]))
-    strides = tuple(ctx.attr("strides", (1, 1)))
-    dilations = tuple(ctx.attr("dilations", (1, 1)))
-    out_pad = tuple(ctx.attr("output_padding", (0, 0)))
-    groups = int(ctx.attr("group", 1))
+    """conv_transpose{1,2,3}d with explicit (begin..., end...) pads: from output_shape (where
+    given, which may ask for more than the full output: negative end pads), auto_pad or pads."""
+    x_shape, w_shape = ctx.input_type(0).shape, ctx.input_type(1).shape
+    rank = len(x_shape) - 2
+    if rank not in (1, 2, 3) or len(w_shape) != rank + 2:
+        raise GraphError(
+            f"only 1-D, 2-D and 3-D data are supported, got input shape {list(x_shape)} and "
+            f"weight shape {list(w_shape)}"
+        )
+
+    def spatial(name: str, default: int) -> tuple[int, ...]:
+        values = tuple(int(v) for v in ctx.attr(name, (default,) * rank))
+        if len(values) != rank:
+            raise GraphError(f"{name} {list(values)} must have {rank} values for {rank}-D data")
+        return values
+
+    kernel = spatial("kernel_shape", 0) if ctx.attr("kernel_shape") else tuple(w_shape[2:])
+    if kernel != tuple(w_shape[2:]):
+        raise GraphError(f"kernel_shape {list(kernel)} disagrees with weight {list(w_shape)}")
+    strides, dilations = spatial("strides", 1), spatial("dilations", 1)
+    out_pad = spatial("output_padding", 0)
+    size = x_shape[2:]
+    full = [
+        strides[i] * (size[i] - 1) + out_pad[i] + dilations[i] * (kernel[i] - 1) + 1
+        for i in range(rank)
+    ]
     auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise GraphError(f"auto_pad {auto_pad!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
     output_shape = ctx.attr("output_shape")
     if output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        output_shape = tuple(size[i] * strides[i] for i in range(2))
+        output_shape = tuple(size[i] * strides[i] for i in range(rank))
     if output_shape is not None:
-        output_shape = tuple(output_shape)[-2:]
+        output_shape = tuple(int(v) for v in output_shape)[-rank:]
+        if len(output_shape) != rank:
+            raise GraphError(f"output_shape {list(output_shape)} must have {rank} values")
         begin, end = [], []
-        for i in range(2):
-            total = (
-                strides[i] * (size[i] - 1)
-                + out_pad[i]
-                + dilations[i] * (kernel[i] - 1)
-                + 1
-                - output_shape[i]
-            )
-            if total < 0:
-                raise GraphError(f"output_shape {list(output_shape)} is too large for the input")
+        for i in range(rank):
+            total = full[i] - output_shape[i]  # negative: zeros past the full output
             small = total // 2
             begin.append(small if auto_pad == "SAME_UPPER" else total - small)
             end.append(total - begin[-1])
-        pads = (begin[0], begin[1], end[0], end[1])
+        pads = (*begin, *end)
     elif auto_pad == "VALID":
-        pads = (0, 0, 0, 0)
+        pads = (0,) * (2 * rank)
     else:
-        pads = tuple(ctx.attr("pads", (0, 0, 0, 0)))
+        pads = tuple(int(p) for p in ctx.attr("pads", (0,) * (2 * rank)))
+        if len(pads) != 2 * rank or min(pads) < 0:
+            raise GraphError(f"pads {list(pads)} must be {2 * rank} values >= 0 for {rank}-D data")
     attrs = {
         "strides": strides,
         "pads": pads,
         "dilations": dilations,
-        "groups": groups,
+        "groups": int(ctx.attr("group", 1)),
         "output_padding": out_pad,
     }
     inputs = [ctx.input(i) for i in range(3) if ctx.has_input(i)]
-    ctx.emit("conv_transpose2d", inputs, attrs, bind=True)
+    ctx.emit(f"conv_transpose{rank}d", inputs, attrs, bind=True)
 
 
 @converter("Gemm")
@@ -430,6 +447,26 @@ _PARAM_UNARY: dict[str, tuple[str, dict[str, object]]] = {
     "Gelu": ("gelu", {"approximate": "none"}),
 }
 _COMPARE = {"Equal": "equal", "Less": "less", "Greater": "greater"}
+_MATH_UNARY = {
+    "Floor": "floor",
+    "Ceil": "ceil",
+    "Round": "round",
+    "Sin": "sin",
+    "Cos": "cos",
+    "Tan": "tan",
+    "Asin": "asin",
+    "Acos": "acos",
+    "Atan": "atan",
+    "Sinh": "sinh",
+    "Cosh": "cosh",
+    "Asinh": "asinh",
+    "Acosh": "acosh",
+    "Atanh": "atanh",
+    "IsNaN": "isnan",
+    "BitwiseNot": "bitwise_not",
+}
+_BITWISE = {"BitwiseAnd": "bitwise_and", "BitwiseOr": "bitwise_or", "BitwiseXor": "bitwise_xor"}
+_SHIFTS = {"LEFT": "shift_left", "RIGHT": "shift_right"}
 
 
 @converter(*_PARAM_UNARY)
@@ -484,3 +521,32 @@ def _range(ctx: ImportContext) -> None:
     first, stop, step = (float(v.reshape(())) for v in (start, limit, delta))
     value = np.arange(first, stop, step).astype(start.dtype)
     ctx.bind(0, ctx.constant(value, "range"))
+
+
+@converter(*_MATH_UNARY)
+def _math_unary(ctx: ImportContext) -> None:
+    ctx.emit(_MATH_UNARY[ctx.node.op_type], [ctx.input(0)], bind=True)
+
+
+@converter(*_BITWISE)
+def _bitwise(ctx: ImportContext) -> None:
+    ctx.emit(_BITWISE[ctx.node.op_type], [ctx.input(0), ctx.input(1)], bind=True)
+
+
+@converter("IsInf")
+def _isinf(ctx: ImportContext) -> None:
+    attrs = {k: int(ctx.attr(k, 1)) for k in ("detect_negative", "detect_positive")}
+    ctx.emit("isinf", [ctx.input(0)], attrs, bind=True)
+
+
+@converter("Mod")
+def _mod(ctx: ImportContext) -> None:
+    ctx.emit("mod", [ctx.input(0), ctx.input(1)], {"fmod": int(ctx.attr("fmod", 0))}, bind=True)
+
+
+@converter("BitShift")
+def _bit_shift(ctx: ImportContext) -> None:
+    direction = ctx.attr("direction")
+    if direction not in _SHIFTS:
+        raise GraphError(f"attribute direction={direction!r} must be 'LEFT' or 'RIGHT'")
+    ctx.emit(_SHIFTS[direction], [ctx.input(0), ctx.input(1)], bind=True)

@@ -1,6 +1,6 @@
 """ONNX converters for ops written as a few graph ops: variadic Sum and Mean; the activations
 PRelu, Elu, Selu, Celu, ThresholdedRelu, Softsign, Sign, Shrink, Softplus and Mish; LogSoftmax;
-ReduceMin, ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and ReduceLogSumExp; the logic ops
+ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum and ReduceLogSumExp; the logic ops
 Not, And, Or, Xor, GreaterOrEqual and LessOrEqual; InstanceNormalization and LRN; Tile,
 DepthToSpace and SpaceToDepth; Size. They register into `onnx_ops.CONVERTERS`; fusion then puts
 the pieces back into as few kernels as the graph allows (elementwise chains fuse)."""
@@ -271,11 +271,6 @@ def _reduction(ctx: ImportContext, before: str | None, op: str, after: str | Non
         x = _one(ctx, before, [x])
     y = _one(ctx, op, [x], attrs)
     _finish(ctx, _one(ctx, after, [y]) if after is not None else y)
-
-
-@converter("ReduceMin")
-def _reduce_min(ctx: ImportContext) -> None:
-    _reduction(ctx, "neg", "reduce_max", "neg")
 
 
 @converter("ReduceL1")

@@ -11,6 +11,7 @@ from onnx import numpy_helper
 from compiler.frontend.onnx_context import ImportContext
 from compiler.frontend.onnx_ops import converter, onnx_axis, to_ints
 from compiler.graph.ir import GraphError
+from compiler.graph.registry import get_op
 
 # -- shapes ---------------------------------------------------------------------------------------
 
@@ -96,7 +97,12 @@ def _concat(ctx: ImportContext) -> None:
     axis = ctx.attr("axis")
     if axis is None:
         raise GraphError("attribute 'axis' is required")
-    ctx.emit("concat", inputs, {"axis": onnx_axis(int(axis), rank)}, bind=True)
+    attrs = {"axis": onnx_axis(int(axis), rank)}
+    kept = [v for v in inputs if ctx.type_of(v).size]
+    if kept and len(kept) < len(inputs):  # an empty piece adds nothing (and needs no kernel)
+        get_op("concat").infer([ctx.type_of(v) for v in inputs], attrs)  # still checked
+        inputs = kept
+    ctx.emit("concat", inputs, attrs, bind=True)
 
 
 @converter("Split")
@@ -117,7 +123,15 @@ def _split(ctx: ImportContext) -> None:
         sizes = (src[axis] // count,) * count
     if len(sizes) != len(ctx.node.output):
         raise GraphError(f"{len(sizes)} split sizes for {len(ctx.node.output)} outputs")
-    ctx.emit("split", [ctx.input(0)], {"axis": axis, "sizes": sizes}, bind=True)
+    if all(sizes) or not any(sizes):
+        ctx.emit("split", [ctx.input(0)], {"axis": axis, "sizes": sizes}, bind=True)
+        return
+    # Empty pieces are constants; the node cuts only the others (kernels write no empty tensor).
+    cut = [k for k, s in enumerate(sizes) if s]
+    pieces = ctx.emit("split", [ctx.input(0)], {"axis": axis, "sizes": [sizes[k] for k in cut]})
+    empty = np.zeros((*src[:axis], 0, *src[axis + 1 :]), ctx.input_type(0).dtype)
+    for k, s in enumerate(sizes):
+        ctx.bind(k, pieces[cut.index(k)] if s else ctx.constant(empty, "empty"))
 
 
 @converter("Slice")
@@ -171,7 +185,13 @@ def _pad(ctx: ImportContext) -> None:
     ctx.emit("pad", [ctx.input(0)], attrs, bind=True)
 
 
-_REDUCE = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max"}
+_REDUCE = {
+    "ReduceMean": "reduce_mean",
+    "ReduceSum": "reduce_sum",
+    "ReduceMax": "reduce_max",
+    "ReduceMin": "reduce_min",
+    "ReduceProd": "reduce_prod",
+}
 
 
 def reduce_attrs(ctx: ImportContext) -> dict[str, Any] | None:

@@ -235,11 +235,13 @@ def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host
 def _outputs_written(g: Graph) -> Graph:
     """`g` with a copy (an identity node) for each output that no node writes: a graph input, a
     constant (a folded Shape, a Constant), or an output listed twice. The model entry writes each
-    output into a buffer of its own, so each needs a kernel that writes it."""
+    output into a buffer of its own, so each needs a kernel that writes it; an output with no
+    elements needs none (and is always a constant or an input: `fold_constants`)."""
     seen: set[str] = set()
     outputs = []
     for i, v in enumerate(g.outputs):
-        if v in g.inputs or v in g.constants or v in seen:
+        unwritten = v in g.inputs or v in g.constants or v in seen
+        if unwritten and g.type_of(v).size > 0:
             v = g.add_node("identity", [v], [g.type_of(v)], name=f"output_copy_{i}")[0]
         seen.add(v)
         outputs.append(v)

@@ -439,6 +439,10 @@ def steps_graph(graph: Graph, values: Graph, steps: list[Step]) -> Graph:
             name=step.kernel.symbol,
             output_names=list(step.writes),
         )
+    for v in graph.outputs:
+        t = graph.type_of(v)
+        if v not in g.types and t.size == 0:  # no step writes an empty output: nothing to write
+            g.add_constant(v, np.zeros(t.shape, "int32" if t.dtype == "bool" else t.dtype))
     g.set_outputs(graph.outputs)
     return g
 

@@ -2,19 +2,36 @@
 
 The op families: `ops_nn` (convolutions, dense / matmul, pools, normalization),
 `ops_elementwise` (unary and broadcasting binary ops), `ops_shape` (reshape, transpose, concat,
-split, slice, pad, gather, reductions).
+split, slice, pad, gather), `ops_reduce` (reductions over axes).
 """
 
 from __future__ import annotations
 
-from compiler.graph import ops_elementwise, ops_nn, ops_shape
+from compiler.graph import (
+    ops_conv_transpose,
+    ops_elementwise,
+    ops_index,
+    ops_nn,
+    ops_reduce,
+    ops_resample,
+    ops_shape,
+)
 from compiler.graph.ir import Graph, Node
 from compiler.graph.ops_nn import conv2d_template
 from compiler.graph.registry import Category, get_op
 
 __all__ = ["conv2d_template", "node_category", "node_template"]
 
-_FAMILIES = (ops_nn, ops_elementwise, ops_shape)  # imported for their registrations
+# imported for their registrations
+_FAMILIES = (
+    ops_nn,
+    ops_elementwise,
+    ops_shape,
+    ops_conv_transpose,
+    ops_resample,
+    ops_reduce,
+    ops_index,
+)
 
 
 def node_category(graph: Graph, node: Node) -> Category:

@@ -7,7 +7,13 @@
 
 Beyond the shared contract (INJECTIVE too): `abs reciprocal`, `leaky_relu(alpha)`,
 `hard_sigmoid(alpha, beta)`, `gelu(approximate="none"|"tanh")`, broadcasting `maximum minimum`,
-comparisons `equal less greater` (bool results) and `where(cond, a, b)`.
+comparisons `equal less greater` (bool results) and `where(cond, a, b)`; on floats `floor ceil
+round` (halves to even) `sin cos tan asin acos atan sinh cosh asinh acosh atanh`, `isnan` and
+`isinf(detect_negative=1, detect_positive=1)` (bool results); broadcasting `mod(fmod=0|1)` (0:
+the remainder has the divisor's sign, as Python's %; 1: the dividend's, as C's fmod and %); on
+integers `bitwise_not`, broadcasting `bitwise_and bitwise_or bitwise_xor` and `shift_left
+shift_right` (the count an operand of the same dtype; a count outside [0, bits) shifts every bit
+out: 0, or -1 for a right shift of a negative value; left shifts wrap).
 
 Layout rule: unary ops run on NCHW[x]c data as is; a binary op does when its operands have one
 shape or the other operand is a single element.
@@ -71,6 +77,21 @@ _UNARY: tuple[tuple[str, Callable[[np.ndarray], np.ndarray], bool, str | None], 
     ("neg", np.negative, False, None),
     ("hard_swish", _hard_swish, True, None),
     ("identity", lambda x: x, False, None),
+    # beyond the shared contract: rounding (`round` halves to even) and trigonometry
+    ("floor", np.floor, True, None),
+    ("ceil", np.ceil, True, None),
+    ("round", np.rint, True, None),
+    ("sin", np.sin, True, None),
+    ("cos", np.cos, True, None),
+    ("tan", np.tan, True, None),
+    ("asin", np.arcsin, True, None),
+    ("acos", np.arccos, True, None),
+    ("atan", np.arctan, True, None),
+    ("sinh", np.sinh, True, None),
+    ("cosh", np.cosh, True, None),
+    ("asinh", np.arcsinh, True, None),
+    ("acosh", np.arccosh, True, None),
+    ("atanh", np.arctanh, True, None),
 )
 
 for _name, _fn, _float_only, _template in _UNARY:
@@ -288,5 +309,126 @@ register(
         _where_infer,
         _where_reference,
         doc="cond ? a : b elementwise, with numpy broadcasting of all three",
+    )
+)
+
+
+# -- float tests, integer bits, mod ----------------------------------------------------------------
+
+
+def _float_test_infer(op: str) -> Callable[..., list[TensorType]]:
+    def infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+        (t,) = _unary_infer(op, True)(inputs, attrs)
+        for key, value in attrs.items():
+            if value not in (0, 1):
+                raise fail(op, f"attribute {key}={value!r} must be 0 or 1")
+        return [TensorType(t.shape, "bool")]
+
+    return infer
+
+
+def _isinf(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    x = inputs[0]
+    negative = bool(attrs.get("detect_negative", 1)) & np.isneginf(x)
+    return [negative | (bool(attrs.get("detect_positive", 1)) & np.isposinf(x))]
+
+
+register(
+    OpDef(
+        "isnan",
+        Category.INJECTIVE,
+        _float_test_infer("isnan"),
+        lambda inputs, attrs: [np.isnan(inputs[0])],
+        layout=_always,
+        doc="elementwise isnan -> bool",
+    )
+)
+register(
+    OpDef(
+        "isinf",
+        Category.INJECTIVE,
+        _float_test_infer("isinf"),
+        _isinf,
+        layout=_always,
+        doc="elementwise x == -inf (detect_negative) or x == +inf (detect_positive) -> bool",
+    )
+)
+
+
+def _integer_infer(op: str, arity: int) -> Callable[..., list[TensorType]]:
+    def infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+        expect_inputs(op, inputs, arity)
+        for t in inputs:
+            if not np.issubdtype(np.dtype(t.dtype), np.integer):
+                raise fail(op, f"operands must be integer tensors, got {t.dtype}")
+        return _binary_infer(op)(inputs, attrs) if arity == 2 else [inputs[0]]
+
+    return infer
+
+
+def _shift(left: bool) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    def shift(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        bits = a.dtype.itemsize * 8
+        inside = (b >= 0) & (b < bits)
+        count = np.where(inside, b, 0).astype(a.dtype)
+        if left:  # on the unsigned bits, so a signed value wraps instead of overflowing
+            unsigned = np.dtype(f"uint{bits}")
+            moved = np.left_shift(a.astype(unsigned), count.astype(unsigned)).astype(a.dtype)
+            return np.where(inside, moved, 0).astype(a.dtype)
+        gone = np.where(a < 0, -1, 0) if np.issubdtype(a.dtype, np.signedinteger) else 0
+        return np.where(inside, np.right_shift(a, count), gone).astype(a.dtype)
+
+    return shift
+
+
+register(
+    OpDef(
+        "bitwise_not",
+        Category.INJECTIVE,
+        _integer_infer("bitwise_not", 1),
+        _unary_reference(np.invert),
+        layout=_always,
+        doc="elementwise ~x of integers",
+    )
+)
+_INTEGER_BINARY: tuple[tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray]], ...] = (
+    ("bitwise_and", np.bitwise_and),
+    ("bitwise_or", np.bitwise_or),
+    ("bitwise_xor", np.bitwise_xor),
+    ("shift_left", _shift(left=True)),
+    ("shift_right", _shift(left=False)),
+)
+for _name, _bfn in _INTEGER_BINARY:
+    register(
+        OpDef(
+            _name,
+            Category.INJECTIVE,
+            _integer_infer(_name, 2),
+            _binary_reference(_bfn),
+            layout=_binary_layout,
+            doc=f"elementwise {_name} of integers, with numpy broadcasting",
+        )
+    )
+
+
+def _mod_infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    if attrs.get("fmod", 0) not in (0, 1):
+        raise fail("mod", f"attribute fmod={attrs['fmod']!r} must be 0 or 1")
+    return _binary_infer("mod")(inputs, attrs)
+
+
+def _mod_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    return _binary_reference(np.fmod if attrs.get("fmod", 0) else np.mod)(inputs, attrs)
+
+
+register(
+    OpDef(
+        "mod",
+        Category.INJECTIVE,
+        _mod_infer,
+        _mod_reference,
+        layout=_binary_layout,
+        doc="elementwise remainder with numpy broadcasting; its sign: the divisor's "
+        "(fmod=0, numpy's mod), the dividend's (fmod=1, C's fmod and %)",
     )
 )

@@ -1,11 +1,10 @@
 """Graph ops of neural-network layers: convolutions, dense / matmul, pooling and normalization.
 
-Data is NCHW, convolution weights OIHW (conv_transpose2d: IOHW, as in ONNX), `pads` are
-(top, left, bottom, right) with ONNX's auto_pad already resolved by the front end.
+Data is NCHW, convolution weights OIHW, `pads` are (top, left, bottom, right) with ONNX's
+auto_pad already resolved by the front end. The transposed convolutions are `ops_conv_transpose`.
 
 - `conv2d(x, w[, b]; strides, pads, dilations, groups)`: COMPLEX_OUT_FUSABLE; the template is
   "conv2d_nchwc", and `conv2d_template` picks the specialised one (1x1, stem, depthwise).
-- `conv_transpose2d(x, w[, b]; strides, pads, dilations, groups, output_padding)`: OPAQUE.
 - `dense(x[M,K], w[K,N][, b[N]])`, `matmul(a, b)` (numpy semantics): COMPLEX_OUT_FUSABLE.
 - `batch_norm(x, scale, bias, mean, var; epsilon)`: INJECTIVE (inference form).
 - `max_pool2d(kernel, strides, pads, dilations, ceil_mode)`,
@@ -238,84 +237,6 @@ register(
         _matmul_reference,
         template="matmul",
         doc="numpy matmul (batched, broadcasting batch dims, 1-D operands promoted).",
-    )
-)
-
-# -- conv_transpose2d -----------------------------------------------------------------------------
-
-
-def _convt_params(op: str, attrs: Attrs) -> tuple[tuple, tuple, tuple, int, tuple]:
-    strides, pads, dilations, groups = _conv_params(op, attrs)
-    output_padding = int_tuple(op, attrs, "output_padding", 2, 0)
-    if min(output_padding) < 0:
-        raise fail(op, f"output_padding {output_padding} must be >= 0")
-    return strides, pads, dilations, groups, output_padding
-
-
-def _convt_infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-    op = "conv_transpose2d"
-    expect_inputs(op, inputs, 2, 3)
-    x, w = inputs[0], inputs[1]
-    expect_rank(op, "data", x, 4)
-    expect_rank(op, "weight", w, 4)
-    expect_float(op, "data", x)
-    dtype = _same_dtype(op, inputs)
-    strides, pads, dilations, groups, opad = _convt_params(op, attrs)
-    n, c, h, wd = x.shape
-    ci, og, kh, kw = w.shape
-    if c != ci:
-        raise fail(op, f"input channels {c} != weight input channels {ci}")
-    if c % groups:
-        raise fail(op, f"input channels {c} are not a multiple of groups {groups}")
-    o = og * groups
-    _check_bias(op, inputs, 2, o)
-    out = []
-    for i, (size, k) in enumerate(((h, kh), (wd, kw))):
-        full = strides[i] * (size - 1) + opad[i] + dilations[i] * (k - 1) + 1
-        length = full - pads[i] - pads[i + 2]
-        if length < 1:
-            raise fail(op, f"pads {pads} leave no output along spatial axis {i}")
-        out.append(length)
-    return [TensorType((n, o, out[0], out[1]), dtype)]
-
-
-def _convt_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-    x, w = inputs[0], inputs[1]
-    strides, pads, dilations, groups, opad = _convt_params("conv_transpose2d", attrs)
-    n, c, h, wd = x.shape
-    _, og, kh, kw = w.shape
-    cg = c // groups
-    full_h = strides[0] * (h - 1) + opad[0] + dilations[0] * (kh - 1) + 1
-    full_w = strides[1] * (wd - 1) + opad[1] + dilations[1] * (kw - 1) + 1
-    full = np.zeros((n, groups, og, full_h, full_w), np.float64)
-    xg = x.reshape(n, groups, cg, h * wd).astype(np.float64)
-    wg = w.reshape(groups, cg, og, kh, kw).astype(np.float64)
-    for k in range(kh):
-        for ll in range(kw):
-            # [G, Og, Cg] @ [N, G, Cg, H*W] -> [N, G, Og, H*W], scattered with stride
-            contrib = np.matmul(np.swapaxes(wg[:, :, :, k, ll], 1, 2)[None], xg)
-            r0, c0 = k * dilations[0], ll * dilations[1]
-            full[
-                :,
-                :,
-                :,
-                r0 : r0 + strides[0] * (h - 1) + 1 : strides[0],
-                c0 : c0 + strides[1] * (wd - 1) + 1 : strides[1],
-            ] += contrib.reshape(n, groups, og, h, wd)
-    y = full.reshape(n, groups * og, full_h, full_w)
-    y = y[:, :, pads[0] : full_h - pads[2], pads[1] : full_w - pads[3]]
-    if len(inputs) > 2:
-        y = y + inputs[2].reshape(1, -1, 1, 1)
-    return [np.ascontiguousarray(y, dtype=x.dtype)]
-
-
-register(
-    OpDef(
-        "conv_transpose2d",
-        Category.OPAQUE,
-        _convt_infer,
-        _convt_reference,
-        doc="2-D transposed convolution, NCHW data, weights [C_in, O/groups, KH, KW].",
     )
 )
 

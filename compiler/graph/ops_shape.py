@@ -1,4 +1,4 @@
-"""Graph ops that move data around (INJECTIVE) and the reductions over axes (REDUCTION).
+"""Graph ops that move data around (INJECTIVE); the reductions are in `ops_reduce`.
 
 - `reshape(shape)`: a static target shape of the same size (no 0 / -1: the front end resolves
   them); `transpose(perm)`; `concat(axis)` of several inputs; `split(axis, sizes)` with one output
@@ -11,11 +11,9 @@
 - `gather(axis)` of (data, indices): indices may be negative (counted from the end). INJECTIVE
   in the registry; the fusion pass should treat a gather whose indices are not a constant as
   OPAQUE (`compiler.graph.ops.node_category` does).
-- `reduce_mean / reduce_sum(axes, keepdims)`: `axes` empty means every axis.
 
-Beyond the shared contract (for ONNX Expand, ReduceMax, GlobalMaxPool): `expand(shape)` (numpy
-broadcasting of the input against `shape`, INJECTIVE) and `reduce_max(axes, keepdims)`
-(REDUCTION).
+Beyond the shared contract (for ONNX Expand): `expand(shape)` (numpy broadcasting of the input
+against `shape`, INJECTIVE).
 """
 
 from __future__ import annotations
@@ -247,42 +245,6 @@ def _gather_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.nda
     return [np.take(data, idx, axis=axis)]
 
 
-# -- reductions -----------------------------------------------------------------------------------
-
-
-def _reduce_axes(op: str, attrs: Attrs, rank: int) -> tuple[int, ...]:
-    axes = _ints(op, attrs, "axes", ())
-    norm = tuple(sorted({norm_axis(op, a, rank) for a in axes}))
-    if len(norm) != len(axes):
-        raise fail(op, f"axes {list(axes)} repeat an axis")
-    return norm or tuple(range(rank))
-
-
-def _reduce_infer(op: str) -> Any:
-    def infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
-        expect_inputs(op, inputs, 1)
-        x = inputs[0]
-        axes = _reduce_axes(op, attrs, len(x.shape))
-        keep = bool(attrs.get("keepdims", True))
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes)
-        return [TensorType(shape, x.dtype)]
-
-    return infer
-
-
-def _reduce_reference(op: str) -> Any:
-    def reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-        x = inputs[0]
-        axes = _reduce_axes(op, attrs, x.ndim)
-        keep = bool(attrs.get("keepdims", True))
-        acc = np.float64 if np.issubdtype(x.dtype, np.floating) else None
-        fn = np.mean if op == "reduce_mean" else np.sum
-        y = fn(x, axis=axes, keepdims=keep, dtype=acc)
-        return [np.asarray(y).astype(x.dtype)]
-
-    return reference
-
-
 for _op in (
     OpDef("reshape", Category.INJECTIVE, _reshape_infer, _reshape_reference, doc="static reshape"),
     OpDef("transpose", Category.INJECTIVE, _transpose_infer, _transpose_reference, doc="permute"),
@@ -291,21 +253,6 @@ for _op in (
     OpDef("slice", Category.INJECTIVE, _slice_infer, _slice_reference, doc="ONNX Slice"),
     OpDef("pad", Category.INJECTIVE, _pad_infer, _pad_reference, doc="ONNX Pad"),
     OpDef("gather", Category.INJECTIVE, _gather_infer, _gather_reference, doc="ONNX Gather"),
-    OpDef(
-        "reduce_mean",
-        Category.REDUCTION,
-        _reduce_infer("reduce_mean"),
-        _reduce_reference("reduce_mean"),
-        doc="mean over axes",
-    ),
-    OpDef(
-        "reduce_sum",
-        Category.REDUCTION,
-        _reduce_infer("reduce_sum"),
-        _reduce_reference("reduce_sum"),
-        template="reduce_sum",
-        doc="sum over axes",
-    ),
 ):
     register(_op)
 
@@ -323,12 +270,6 @@ def _expand_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.nda
     return [np.array(np.broadcast_to(inputs[0], t.shape), order="C")]  # 0-d stays 0-d
 
 
-def _reduce_max_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
-    x = inputs[0]
-    axes = _reduce_axes("reduce_max", attrs, x.ndim)
-    return [np.max(x, axis=axes, keepdims=bool(attrs.get("keepdims", True)))]
-
-
 register(
     OpDef(
         "expand",
@@ -336,14 +277,5 @@ register(
         _expand_infer,
         _expand_reference,
         doc="broadcast to (numpy broadcasting of the input with attribute shape)",
-    )
-)
-register(
-    OpDef(
-        "reduce_max",
-        Category.REDUCTION,
-        _reduce_infer("reduce_max"),
-        _reduce_max_reference,
-        doc="max over axes",
     )
 )

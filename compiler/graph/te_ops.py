@@ -30,7 +30,10 @@ from compiler.graph.ir import TensorType
 from compiler.graph.ops_layout import layout_block
 from compiler.graph.ops_shape import slice_bounds
 from compiler.graph.ops_util import norm_axis
+from compiler.graph.te_conv_transpose import CONV_TRANSPOSE_COMPUTES
+from compiler.graph.te_index import INDEX_COMPUTES
 from compiler.graph.te_reductions import REDUCTION_COMPUTES
+from compiler.graph.te_resample import RESAMPLE_COMPUTES
 from compiler.graph.te_util import (
     Attrs,
     ComputeFn,
@@ -45,6 +48,9 @@ from compiler.te.math import clamp, in_range
 from compiler.te.tensor import Tensor
 
 TE_COMPUTES: dict[str, ComputeFn] = dict(REDUCTION_COMPUTES)
+TE_COMPUTES.update(CONV_TRANSPOSE_COMPUTES)
+TE_COMPUTES.update(RESAMPLE_COMPUTES)
+TE_COMPUTES.update(INDEX_COMPUTES)
 
 
 def _register(*ops: str) -> Callable[[ComputeFn], ComputeFn]:
@@ -106,6 +112,16 @@ def _cast(v: E.Expr, a: Attrs) -> E.Expr:
     return v if to == v.dtype else E.Cast(to, v)
 
 
+_TRIGONOMETRY = frozenset(
+    {"sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"}
+)
+
+
+def _libm(name: str) -> UnaryBody:
+    """The body calling math function `name` (a float one of MATH_FUNCTIONS) on its input."""
+    return lambda v, a: E.Call(name, (v,))
+
+
 _UNARY: dict[str, UnaryBody] = {
     "relu": lambda v, a: E.Max(v, const(0, v.dtype)),
     "sigmoid": lambda v, a: E.Div(const(1, v.dtype), const(1, v.dtype) + te.exp(-v)),
@@ -133,6 +149,15 @@ _UNARY: dict[str, UnaryBody] = {
     "gelu": _gelu,
     "clip": _clip,
     "cast": _cast,
+    "floor": lambda v, a: te.floor(v),
+    "ceil": lambda v, a: te.ceil(v),
+    "round": lambda v, a: te.round_half_even(v),
+    "isnan": lambda v, a: te.isnan(v),
+    "isinf": lambda v, a: te.isinf(
+        v, bool(a.get("detect_negative", 1)), bool(a.get("detect_positive", 1))
+    ),
+    "bitwise_not": lambda v, a: te.bitwise_not(v),
+    **{fn: _libm(fn) for fn in _TRIGONOMETRY},
 }
 for _op, _body in _UNARY.items():
     _unary(_op, _body)
@@ -157,6 +182,11 @@ _BINARY: dict[str, BinaryBody] = {
     "equal": E.EQ,
     "less": E.LT,
     "greater": lambda a, b: E.LT(b, a),
+    "bitwise_and": te.bitwise_and,
+    "bitwise_or": te.bitwise_or,
+    "bitwise_xor": te.bitwise_xor,
+    "shift_left": te.shift_left,
+    "shift_right": te.shift_right,
 }
 
 
@@ -176,6 +206,53 @@ def _binary(op: str, body: BinaryBody) -> None:
 
 for _op, _bbody in _BINARY.items():
     _binary(_op, _bbody)
+
+
+def _floor_mod(a: E.Expr, b: E.Expr) -> E.Expr:
+    """numpy's mod: the remainder with the sign of `b` (and a zero of that sign); computed in
+    float32 for float16, as numpy does, so the two round alike."""
+    if a.dtype == "float16":
+        return E.Cast("float16", _floor_mod(E.Cast("float32", a), E.Cast("float32", b)))
+    if a.dtype in E.FLOAT_DTYPES:
+        r = te.fmod(a, b)
+        zero = const(0, a.dtype)
+        flip = E.And(E.NE(r, zero), E.NE(E.LT(r, zero), E.LT(b, zero)))
+        return E.Select(E.EQ(r, zero), E.Call("copysign", (zero, b)), E.Select(flip, r + b, r))
+    b = _safe_divisor(b)
+    if a.dtype.startswith("uint"):
+        return E.Mod(a, b)
+    if a.dtype in ("int8", "int16"):  # the C helpers take 32 and 64 bits
+        wide = E.FloorMod(E.Cast("int32", a), E.Cast("int32", b))
+        return E.Cast(a.dtype, wide)
+    return E.FloorMod(a, b)
+
+
+def _safe_divisor(b: E.Expr) -> E.Expr:
+    """Integer divisor `b` with 0 and -1 replaced by 1: every remainder by them is 0 (numpy's
+    answer for 0 too), and C traps on x % 0 and on INT_MIN % -1."""
+    one = const(1, b.dtype)
+    trap: E.Expr = E.EQ(b, const(0, b.dtype))
+    if not b.dtype.startswith("uint"):
+        trap = E.Or(trap, E.EQ(b, const(-1, b.dtype)))
+    return E.Select(trap, one, b)
+
+
+@_register("mod")
+def _mod(
+    inputs: Sequence[Tensor], attrs: Attrs, out_types: Sequence[TensorType], name: str = ""
+) -> list[Tensor]:
+    a, b = inputs
+    if int(attrs.get("fmod", 0)):  # the sign of the dividend: C's fmod, C's % for integers
+        body: BinaryBody = (
+            te.fmod if a.dtype in E.FLOAT_DTYPES else lambda x, y: E.Mod(x, _safe_divisor(y))
+        )
+    else:
+        body = _floor_mod
+    return [
+        compute_of(
+            out_types[0], lambda i: body(broadcast_load(a, i), broadcast_load(b, i)), name or "mod"
+        )
+    ]
 
 
 @_register("where")

@@ -1,6 +1,7 @@
 """Tensor-expression computes of the REDUCTION graph ops (see `te_ops` for the contract).
 
-`reduce_sum / reduce_mean / reduce_max` over axes; `softmax` as row max, exp(x - max), row sum
+`reduce_sum / reduce_mean / reduce_max / reduce_min / reduce_prod` over axes (max and min of
+bool data as int32 0 / 1, then back to bool); `softmax` as row max, exp(x - max), row sum
 and quotient; `layer_norm` as mean, mean of squared deviations, then the normalized affine
 map; max / average pools on NCHW and NCHW[x]c data (the block a trailing axis), max padding
 with -inf and average dividing by the window taps ONNX counts (`count_include_pad`; ceil_mode
@@ -29,9 +30,12 @@ from compiler.graph.te_util import (
 )
 from compiler.ir import expr as E
 from compiler.te.math import clamp, in_range
-from compiler.te.tensor import IterVar, Tensor
+from compiler.te.tensor import IterVar, Tensor, prod
 
 REDUCTION_COMPUTES: dict[str, ComputeFn] = {}
+
+
+_COMBINE = {"reduce_sum": te.sum, "reduce_max": te.max, "reduce_min": te.min, "reduce_prod": prod}
 
 
 def _reduce(op: str) -> ComputeFn:
@@ -58,10 +62,16 @@ def _reduce(op: str) -> ComputeFn:
             return x[tuple(src)]
 
         out = out_types[0]
-        if op == "reduce_max":
-            return [compute_of(out, lambda i: te.max(source(i), ks), name or op)]
-        if op == "reduce_sum":
-            return [compute_of(out, lambda i: te.sum(source(i), ks), name or op)]
+        if x.dtype == "bool":  # any / all: the max / min of 0 / 1 ints, then back to bool
+            ints = TensorType(out.shape, "int32")
+            combine = _COMBINE[op]
+            flags = compute_of(
+                ints, lambda i: combine(E.Cast("int32", source(i)), ks), f"{name or op}.int"
+            )
+            return [compute_of(out, lambda i: E.NE(flags[i], const(0, "int32")), name or op)]
+        if op in _COMBINE:
+            combine = _COMBINE[op]
+            return [compute_of(out, lambda i: combine(source(i), ks), name or op)]
         if x.dtype not in E.FLOAT_DTYPES:
             raise GraphError(f"{op}: {x.dtype} data has no te compute (float only)")
         inv = const(1.0 / math.prod(k.extent for k in ks), x.dtype)
@@ -70,7 +80,7 @@ def _reduce(op: str) -> ComputeFn:
     return compute
 
 
-for _op in ("reduce_sum", "reduce_mean", "reduce_max"):
+for _op in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
     REDUCTION_COMPUTES[_op] = _reduce(_op)
 
 

@@ -251,12 +251,27 @@ class Select(Expr):
 
 
 # Pure math functions a Call may name, with their arity; each backend maps them to its library.
-MATH_FUNCTIONS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "fabs": 1, "pow": 2, "erf": 1}
+# `rint` rounds half to even (the default rounding mode); `isnan` is a bool. The BIT_FUNCTIONS
+# take integers of one dtype and wrap to it; a shift by a count outside [0, bits) gives 0, or
+# for `shift_right` of a negative signed value -1 (ONNX BitShift), never C's undefined result.
+MATH_FUNCTIONS = {
+    "exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "fabs": 1, "pow": 2, "erf": 1,
+    "floor": 1, "ceil": 1, "rint": 1, "fmod": 2, "copysign": 2, "isnan": 1,
+    "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1,
+    "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1, "atanh": 1,
+    "bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "bitwise_not": 1,
+    "shift_left": 2, "shift_right": 2,
+}  # fmt: skip
+BIT_FUNCTIONS = frozenset(
+    {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "shift_left", "shift_right"}
+)
+BOOL_FUNCTIONS = frozenset({"isnan"})
 
 
 @dataclass(frozen=True, eq=False)
 class Call(Expr):
-    """A pure math function of MATH_FUNCTIONS applied to float arguments."""
+    """A pure function of MATH_FUNCTIONS: float arguments of one dtype, or integers of one
+    dtype for the BIT_FUNCTIONS; the result has their dtype (bool for BOOL_FUNCTIONS)."""
 
     name: str
     args: tuple[Expr, ...]
@@ -264,10 +279,14 @@ class Call(Expr):
     def __post_init__(self) -> None:
         if MATH_FUNCTIONS.get(self.name) != len(self.args):
             raise ValueError(f"call of {self.name!r} with {len(self.args)} arguments is unknown")
+        if self.name in BIT_FUNCTIONS:
+            dtypes = {a.dtype for a in self.args}
+            if len(dtypes) != 1 or not dtypes <= INT_DTYPES:
+                raise TypeError(f"{self.name} takes integers of one dtype, got {sorted(dtypes)}")
 
     @property
     def dtype(self) -> str:
-        return self.args[0].dtype
+        return "bool" if self.name in BOOL_FUNCTIONS else self.args[0].dtype
 
 
 @dataclass(frozen=True, eq=False)

@@ -57,6 +57,23 @@ _MATH: dict[str, Callable[..., Any]] = {
     "fabs": np.abs,
     "pow": np.power,
     "erf": lambda x: type(x)(math.erf(float(x))),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "rint": np.rint,  # halves to even, as C's rint in the default rounding mode
+    "fmod": np.fmod,
+    "copysign": np.copysign,
+    "isnan": np.isnan,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "atanh": np.arctanh,
 }
 _POISON_INT = -(2**31) + 7
 
@@ -124,7 +141,11 @@ class _Interpreter:
                 np.array(np.trunc(value) if isinstance(value, float) else value).astype(e.dtype)
             )
         if isinstance(e, E.Call):
-            value = _MATH[e.name](*(self.eval(a) for a in e.args))
+            args = [self.eval(a) for a in e.args]
+            if e.name in E.BIT_FUNCTIONS:
+                return _bit_call(e.name, [int(a) for a in args], e.dtype)
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                value = _MATH[e.name](*args)
             return np.dtype(e.dtype).type(value)
         raise TypeError(f"the interpreter cannot evaluate {type(e).__name__}")
 
@@ -201,6 +222,27 @@ class _Interpreter:
 def _trunc_div(a: int, b: int) -> int:
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b >= 0) else -q
+
+
+def _wrap(value: int, dtype: str) -> int:
+    """`value` wrapped into integer `dtype` (two's complement)."""
+    info = np.iinfo(dtype)
+    value &= (1 << info.bits) - 1
+    return value - (1 << info.bits) if value > info.max else value
+
+
+def _bit_call(name: str, args: list[int], dtype: str) -> int:
+    """A BIT_FUNCTIONS call on Python ints (their bits those of `dtype`), wrapped to `dtype`."""
+    a = args[0]
+    if name == "bitwise_not":
+        return _wrap(~a, dtype)
+    b = args[1]
+    if name in ("shift_left", "shift_right"):
+        if not 0 <= b < np.iinfo(dtype).bits:
+            return -1 if name == "shift_right" and a < 0 else 0
+        return _wrap(a << b, dtype) if name == "shift_left" else a >> b
+    ops = {"bitwise_and": operator.and_, "bitwise_or": operator.or_, "bitwise_xor": operator.xor}
+    return _wrap(ops[name](a, b), dtype)
 
 
 def _round(value: Any, dtype: str) -> Any:

@@ -1,5 +1,5 @@
-"""Elementwise helpers for compute bodies: maximum, minimum, select, cast, math functions and
-index bounds (clamp, in_range)."""
+"""Elementwise helpers for compute bodies: maximum, minimum, select, cast, math functions, float
+tests (isnan, isinf), integer bit operations and index bounds (clamp, in_range)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,68 @@ def tanh(x: E.Expr) -> E.Expr:
 
 def erf(x: E.Expr) -> E.Expr:
     return E.Call("erf", (x,))
+
+
+def floor(x: E.Expr) -> E.Expr:
+    return E.Call("floor", (x,))
+
+
+def ceil(x: E.Expr) -> E.Expr:
+    return E.Call("ceil", (x,))
+
+
+def round_half_even(x: E.Expr) -> E.Expr:
+    """`x` rounded to the nearest integer, halves to the even one (2.5 -> 2, -1.5 -> -2)."""
+    return E.Call("rint", (x,))
+
+
+def fmod(a: E.Expr, b: E.Expr) -> E.Expr:
+    """C's fmod: the remainder of truncating division, with the sign of `a`."""
+    return E.Call("fmod", (a, b))
+
+
+def isnan(x: E.Expr) -> E.Expr:
+    """Whether float `x` is NaN (a bool)."""
+    return E.Call("isnan", (x,))
+
+
+def isinf(x: E.Expr, negative: bool = True, positive: bool = True) -> E.Expr:
+    """Whether float `x` is -inf (when `negative`) or +inf (when `positive`), a bool."""
+    inf = E.FloatImm(float("inf"), x.dtype)
+    if negative and positive:
+        return E.EQ(E.Call("fabs", (x,)), inf)
+    if positive:
+        return E.EQ(x, inf)
+    if negative:
+        return E.EQ(x, E.FloatImm(float("-inf"), x.dtype))
+    return E.IntImm(0, "bool")
+
+
+def bitwise_and(a: E.Expr, b: E.Expr) -> E.Expr:
+    return E.Call("bitwise_and", (a, b))
+
+
+def bitwise_or(a: E.Expr, b: E.Expr) -> E.Expr:
+    return E.Call("bitwise_or", (a, b))
+
+
+def bitwise_xor(a: E.Expr, b: E.Expr) -> E.Expr:
+    return E.Call("bitwise_xor", (a, b))
+
+
+def bitwise_not(a: E.Expr) -> E.Expr:
+    return E.Call("bitwise_not", (a,))
+
+
+def shift_left(a: E.Expr, b: E.Expr) -> E.Expr:
+    """`a` shifted left by `b` bits, wrapping to its dtype (0 when `b` is outside [0, bits))."""
+    return E.Call("shift_left", (a, b))
+
+
+def shift_right(a: E.Expr, b: E.Expr) -> E.Expr:
+    """`a` shifted right by `b` bits, arithmetic for signed `a`; a count outside [0, bits) gives
+    what shifting out every bit would: -1 for a negative `a`, else 0."""
+    return E.Call("shift_right", (a, b))
 
 
 def clamp(i: E.Expr, size: int) -> E.Expr:

@@ -121,12 +121,12 @@ class TensorLoad(E.Expr):
         return f"{self.tensor.name}[{', '.join(str(i) for i in self.indices)}]"
 
 
-COMBINERS = ("sum", "max", "min")
+COMBINERS = ("sum", "max", "min", "prod")
 
 
 @dataclass(frozen=True, eq=False)
 class Reduce(E.Expr):
-    """The `combiner` ("sum", "max" or "min") of `source` over every point of `axis`."""
+    """The `combiner` ("sum", "max", "min" or "prod") of `source` over every point of `axis`."""
 
     source: E.Expr
     axis: tuple[IterVar, ...]
@@ -138,8 +138,8 @@ class Reduce(E.Expr):
 
     def identity(self) -> E.Expr:
         """The value the accumulator starts from."""
-        if self.combiner == "sum":
-            return E.convert(0, self.dtype)
+        if self.combiner in ("sum", "prod"):
+            return E.convert(int(self.combiner == "prod"), self.dtype)
         if self.dtype in E.FLOAT_DTYPES:
             return E.FloatImm(float("-inf") if self.combiner == "max" else float("inf"), self.dtype)
         info = np.iinfo(self.dtype)
@@ -149,6 +149,8 @@ class Reduce(E.Expr):
         """The accumulator after taking in `value`."""
         if self.combiner == "sum":
             return E.Add(acc, value)
+        if self.combiner == "prod":
+            return E.Mul(acc, value)
         return E.Max(acc, value) if self.combiner == "max" else E.Min(acc, value)
 
     def __repr__(self) -> str:
@@ -196,6 +198,11 @@ def max(expr: E.Expr, axis: IterVar | Sequence[IterVar]) -> Reduce:
 def min(expr: E.Expr, axis: IterVar | Sequence[IterVar]) -> Reduce:
     """The minimum of `expr` over one or more reduction axes (elementwise: `minimum`)."""
     return _reduce(expr, axis, "min")
+
+
+def prod(expr: E.Expr, axis: IterVar | Sequence[IterVar]) -> Reduce:
+    """The product of `expr` over one or more reduction axes."""
+    return _reduce(expr, axis, "prod")
 
 
 def _reduce(expr: E.Expr, axis: IterVar | Sequence[IterVar], combiner: str) -> Reduce:

@@ -30,15 +30,15 @@ def test_inspect_lists_operators_and_tasks(tmp_path: Path) -> None:
 def test_inspect_names_unsupported_ops_and_where(tmp_path: Path) -> None:
     model = resnet18()
     node = next(n for n in model.graph.node if n.op_type == "MaxPool")
-    node.op_type, node.domain = "Hardmax", ""
+    node.op_type, node.domain = "Unique", ""
     del node.attribute[:]
-    path = tmp_path / "hardmax.onnx"
+    path = tmp_path / "unique.onnx"
     onnx.save(model, path)
     result = kiln("inspect", str(path))
     assert result.returncode == 1
-    assert "unsupported ops: Hardmax" in result.stdout
-    assert "| Hardmax " in result.stdout and node.name in result.stdout
-    assert "does not import:" in result.stdout and "'Hardmax'" in result.stdout
+    assert "unsupported ops: Unique" in result.stdout
+    assert "| Unique " in result.stdout and node.name in result.stdout
+    assert "does not import:" in result.stdout and "'Unique'" in result.stdout
 
 
 def test_inspect_refuses_what_is_not_a_model(tmp_path: Path) -> None:

@@ -25,18 +25,23 @@ from kiln.onnx_backend import KilnBackend, close_shared_pool, node_test_cases
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
-# Ops all of whose single-node tests pass (benchmarks/conformance.py, 2026-11-26: 66 of the 89
-# ops Kiln imports; graph inputs used as shapes, axes, pads, bounds or weights are bound at run
-# time).
+# Ops all of whose single-node tests pass (benchmarks/conformance.py, 2026-11-27; graph inputs
+# used as shapes, axes, pads, bounds or weights are bound at run time).
 CONFORMING = (
-    "Abs", "Add", "And", "Clip", "Concat", "Constant", "Conv", "DepthToSpace", "Div", "Elu", "Erf",
-    "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool",
-    "Greater", "GreaterOrEqual", "HardSigmoid", "HardSwish", "InstanceNormalization", "LRN",
-    "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax", "MatMul", "Max",
-    "Mean", "Min", "Mish", "Mul", "Neg", "Not", "Or", "PRelu", "Pad", "Pow", "Reciprocal",
-    "ReduceMean", "Relu", "Selu", "Shrink", "Sigmoid", "Sign", "Size", "Softmax", "Softplus",
-    "Softsign", "SpaceToDepth", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh", "ThresholdedRelu", "Tile",
-    "Transpose", "Unsqueeze", "Where", "Xor",
+    "Abs", "Acos", "Acosh", "Add", "And", "ArgMax", "ArgMin", "Asin", "Asinh", "Atan", "Atanh",
+    "BitShift", "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "Ceil", "Clip", "Concat",
+    "Constant", "ConstantOfShape", "Conv", "ConvTranspose", "Cos", "Cosh", "CumSum",
+    "DepthToSpace", "Div", "Elu", "Erf", "Exp", "Expand", "EyeLike", "Flatten", "Floor", "Gather",
+    "GatherElements", "Gelu", "Gemm", "GlobalAveragePool", "GlobalMaxPool", "Greater",
+    "GreaterOrEqual", "HardSigmoid", "HardSwish", "Hardmax", "InstanceNormalization", "IsInf",
+    "IsNaN", "LRN", "LayerNormalization", "LeakyRelu", "Less", "LessOrEqual", "Log", "LogSoftmax",
+    "MatMul", "Max", "Mean", "MeanVarianceNormalization", "Min", "Mish", "Mod", "Mul", "Neg",
+    "Not", "Or", "PRelu", "Pad", "Pow", "Reciprocal", "ReduceL1", "ReduceL2", "ReduceLogSum",
+    "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum",
+    "ReduceSumSquare", "Relu", "Reshape", "Resize", "Round", "Selu", "Shape", "Shrink", "Sigmoid",
+    "Sign", "Sin", "Sinh", "Size", "Slice", "Softmax", "Softplus", "Softsign", "SpaceToDepth",
+    "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Tan", "Tanh", "ThresholdedRelu", "Tile", "TopK",
+    "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor",
 )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ Each model is an ONNX graph (small nets made here with `onnx.helper`, ResNet-18 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler import toolchain, zoo
 from compiler.frontend.onnx import from_onnx
-from compiler.graph import GraphError
+from compiler.graph import Category, GraphError, get_op, registry
 from compiler.graph import passes as P
 from compiler.graph.build_model import (
     MODEL_ENTRY,
@@ -415,7 +416,10 @@ def test_convs_no_template_covers_run_with_generic_kernels() -> None:
     check_model(model)
 
 
-def test_an_opaque_op_without_a_kernel_is_named() -> None:
+def test_an_opaque_op_without_a_kernel_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # conv_transpose2d has a te compute (a REDUCTION); made OPAQUE here, it has no kernel
+    opaque = dataclasses.replace(get_op("conv_transpose2d"), category=Category.OPAQUE)
+    monkeypatch.setitem(registry._REGISTRY, "conv_transpose2d", opaque)
     n = Net(9)
     w = n.param((4, 8, 3, 3))
     y = n.node("ConvTranspose", ["x", w], kernel_shape=[3, 3], strides=[2, 2])

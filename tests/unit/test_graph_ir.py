@@ -139,7 +139,7 @@ def test_registry_has_the_contract_ops_with_their_categories() -> None:
         "conv2d": Category.COMPLEX_OUT_FUSABLE,
         "dense": Category.COMPLEX_OUT_FUSABLE,
         "matmul": Category.COMPLEX_OUT_FUSABLE,
-        "conv_transpose2d": Category.OPAQUE,
+        "conv_transpose2d": Category.REDUCTION,
         "batch_norm": Category.INJECTIVE,
         "relu": Category.INJECTIVE,
         "add": Category.INJECTIVE,

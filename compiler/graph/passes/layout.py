@@ -42,6 +42,8 @@ ELEMENTWISE = frozenset(
         "clip",
     }
     | {"cast"}
+    | {"floor", "ceil", "round", "sin", "cos", "tan", "asin", "acos", "atan"}
+    | {"sinh", "cosh", "asinh", "acosh", "atanh", "isnan", "isinf", "bitwise_not"}
 )
 BROADCASTING = frozenset({"add", "sub", "mul", "div", "pow"})
 POOLS = {p: f"{p}_nchwc" for p in ("max_pool2d", "avg_pool2d", "global_avg_pool2d")}
