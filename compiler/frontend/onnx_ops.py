@@ -199,7 +199,44 @@ def _conv_transpose(ctx: ImportContext) -> None:
         "output_padding": out_pad,
     }
     inputs = [ctx.input(i) for i in range(3) if ctx.has_input(i)]
+    if rank == 2 and attrs["groups"] == 1 and dilations == (1, 1) and inputs[1] in ctx.consts:
+        _conv_transpose_as_conv(ctx, inputs, kernel, strides, pads, out_pad)
+        return
     ctx.emit(f"conv_transpose{rank}d", inputs, attrs, bind=True)
+
+
+def _conv_transpose_as_conv(
+    ctx: ImportContext,
+    inputs: list[str],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    pads: tuple[int, ...],
+    out_pad: tuple[int, ...],
+) -> None:
+    """A 2-D transposed convolution (groups 1, no dilation, constant weights) as an ordinary one:
+    zeros inserted between the input's pixels (stride - 1 per gap: a reshape, a pad at the end of
+    each new unit axis, a reshape back), padded by kernel - 1 - pad on each side (output_padding
+    and an output_shape past the full output add zeros at the end; a negative pad crops), then a
+    stride-1 convolution with the weight's in/out channels swapped and its taps flipped. The
+    convolution is then a conv template's task, vectorized and tunable: a 64 -> 32 channel 4x4
+    stride-2 layer at 32x32 took 42 ms as the direct scalar compute of conv_transpose2d."""
+    x = inputs[0]
+    n, c, h, w = ctx.type_of(x).shape
+    sh, sw = strides
+    if (sh, sw) != (1, 1):
+        x = ctx.emit("reshape", [x], {"shape": (n, c, h, 1, w, 1)})[0]
+        x = ctx.emit("pad", [x], {"pads": (0, 0, 0, 0, 0, 0, 0, 0, 0, sh - 1, 0, sw - 1)})[0]
+        x = ctx.emit("reshape", [x], {"shape": (n, c, h * sh, w * sw)})[0]
+    kh, kw = kernel
+    begin = (kh - 1 - pads[0], kw - 1 - pads[1])
+    # the zero-inserted input is s*(i-1)+1 long; the reshape left s-1 zeros past its end
+    end = (kh - 1 - pads[2] + out_pad[0] - (sh - 1), kw - 1 - pads[3] + out_pad[1] - (sw - 1))
+    x = ctx.emit("pad", [x], {"pads": (0, 0, *begin, 0, 0, *end)})[0]
+    weight = ctx.consts[inputs[1]]
+    flipped = np.ascontiguousarray(weight.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+    args = [x, ctx.constant(flipped, "w"), *inputs[2:]]
+    attrs = {"strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1), "groups": 1}
+    ctx.emit("conv2d", args, attrs, bind=True)
 
 
 @converter("Gemm")
