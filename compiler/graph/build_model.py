@@ -169,7 +169,7 @@ def optimize(graph: Graph, conv_blocks: Mapping[str, tuple[int, int]] | None = N
     """The inference pass pipeline up to the NCHW[x]c layout (`conv_blocks`: see `to_nchwc`)."""
     g = P.fold_scale_into_conv(P.fold_batch_norm(graph))
     g = P.fold_constants(P.eliminate_dead_code(P.eliminate_common_subexpressions(g)))
-    return P.to_nchwc(g, conv_blocks=conv_blocks)
+    return P.to_nchwc(P.shuffles_to_gathers(g), conv_blocks=conv_blocks)
 
 
 def config_blocks(fusion: P.FusionPlan, configs: Configs) -> dict[str, tuple[int, int]]:

@@ -317,3 +317,32 @@ def test_a_1x1_joined_with_a_value_of_another_block_keeps_one_vector() -> None:
     assert [ocb for t, _, ocb in _blocks(out) if t == "conv2d_1x1_nchwc"] == [16, 16]
     assert _transforms(out) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
     _assert_round_trip(g, out)
+
+
+def test_a_channel_shuffle_becomes_one_gather_by_constant_indices() -> None:
+    from compiler.graph.passes import shuffles_to_gathers
+
+    rng = np.random.default_rng(9)
+    g = Graph("shuffle")
+    x = g.add_input("x", (1, 12, 4, 5))
+    (a,) = add_op(g, "reshape", [x], {"shape": (1, 3, 4, 4, 5)})
+    (b,) = add_op(g, "transpose", [a], {"perm": (0, 2, 1, 3, 4)})
+    (c,) = add_op(g, "reshape", [b], {"shape": (1, 12, 4, 5)})
+    (y,) = add_op(g, "relu", [c])
+    g.set_outputs([y])
+    out = shuffles_to_gathers(g)
+    assert [n.op for n in out.nodes] == ["gather", "relu"]
+    (gather,) = [n for n in out.nodes if n.op == "gather"]
+    assert gather.attrs["axis"] == 1 and gather.inputs[1] in out.constants
+    feeds = {"x": _rand(rng, 1, 12, 4, 5)}
+    (want,) = run_reference(g, feeds)
+    (got,) = run_reference(out, feeds)
+    np.testing.assert_array_equal(got, want)
+    # a shuffle whose middle value is also read elsewhere stays as it is
+    g.set_outputs([y, b])
+    assert [n.op for n in shuffles_to_gathers(g).nodes] == [
+        "reshape",
+        "transpose",
+        "reshape",
+        "relu",
+    ]

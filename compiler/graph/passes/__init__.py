@@ -1,7 +1,7 @@
 """Graph passes, each `Graph -> Graph` on a new graph (fusion and memory planning build plans).
 
 Run in this order for inference: `fold_batch_norm`, `fold_scale_into_conv`, `fold_constants`,
-`eliminate_common_subexpressions`, `eliminate_dead_code`, `to_nchwc`, then `fuse` and
+`eliminate_common_subexpressions`, `eliminate_dead_code`, `shuffles_to_gathers`, `to_nchwc`, then `fuse` and
 `plan_memory` on its result. Importing this package registers the NCHW[x]c ops the layout pass
 emits (`compiler.graph.ops_layout`).
 """
@@ -9,6 +9,7 @@ emits (`compiler.graph.ops_layout`).
 from __future__ import annotations
 
 from compiler.graph import ops, ops_layout  # noqa: F401  (registers the ops the passes emit)
+from compiler.graph.passes.channel_shuffle import shuffles_to_gathers
 from compiler.graph.passes.cse import eliminate_common_subexpressions
 from compiler.graph.passes.dce import eliminate_dead_code
 from compiler.graph.passes.fold_constants import fold_constants
@@ -30,5 +31,6 @@ __all__ = [
     "fold_scale_into_conv",
     "fuse",
     "plan_memory",
+    "shuffles_to_gathers",
     "to_nchwc",
 ]
