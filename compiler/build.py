@@ -66,11 +66,11 @@ def compile_kernels(
     of `tail` (which may call the kernels and use the timing prelude's helpers).
 
     Kernels are lowered and rendered one at a time. While their C stays under `unit_chars`
-    (default UNIT_CHARS) in all, the result is the one translation unit `build_source_many` and `tail` make. Past that,
-    every `unit_chars` of kernels becomes a unit of its own, which starts compiling
-    (`toolchain.UnitBuild`: in parallel, each unit cached by its content) while the next kernels
-    are lowered; `tail` is the last unit, with the kernels' prototypes, and the objects are
-    linked into one shared object.
+    (default UNIT_CHARS) in all, the result is the one translation unit `build_source_many` and
+    `tail` make. Past that, every `unit_chars` of kernels becomes a unit of its own, which starts
+    compiling (`toolchain.UnitBuild`: in parallel, each unit cached by its content) while the
+    next kernels are lowered; `tail` is the last unit, with the kernels' prototypes, and the
+    objects are linked into one shared object.
     """
     tgt = get_target(target)
     limit = UNIT_CHARS if unit_chars is None else unit_chars
@@ -86,24 +86,28 @@ def compile_kernels(
         pending, size = [], 0
         return source
 
-    for k in kernels:
-        writer = FunctionWriter(
-            lower(k.sch, k.args, k.symbol), check_symbol(k.symbol), tgt.vector_bytes
-        )
-        body = writer.render()
-        pending.append((writer, body))
-        symbols.append(k.symbol)
-        size += len(body)
-        if size >= limit:
-            units = units or UnitBuild(tgt)
+    try:
+        for k in kernels:
+            writer = FunctionWriter(
+                lower(k.sch, k.args, k.symbol), check_symbol(k.symbol), tgt.vector_bytes
+            )
+            body = writer.render()
+            pending.append((writer, body))
+            symbols.append(k.symbol)
+            size += len(body)
+            if size >= limit:
+                units = units or UnitBuild(tgt)
+                units.add(flush())
+        if units is None:
+            return compile_shared("\n".join([flush(), *tail]), tgt)
+        if pending:
             units.add(flush())
-    if units is None:
-        return compile_shared("\n".join([flush(), *tail]), tgt)
-    if pending:
-        units.add(flush())
-    prototypes = "".join(f"int32_t {symbol}(void **args);\n" for symbol in symbols)
-    units.add("\n".join([unit_source([]), prototypes, TIMING_PRELUDE, *tail]))
-    return units.link()
+        prototypes = "".join(f"int32_t {symbol}(void **args);\n" for symbol in symbols)
+        units.add("\n".join([unit_source([]), prototypes, TIMING_PRELUDE, *tail]))
+        return units.link()
+    finally:
+        if units is not None:
+            units.close()  # a lowering error must not leave the compile threads behind
 
 
 def build(

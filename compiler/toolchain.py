@@ -182,9 +182,7 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
     """
     tgt = get_target(target)
     flags = (*tgt.flags, *_extra_flags(source, tgt.compiler))
-    key = hashlib.sha256(
-        "\0".join([source, _compiler_identity(tgt.compiler), *flags]).encode()
-    ).hexdigest()
+    key = _cache_key(source, tgt.compiler, flags)
 
     def build(src: Path, out: Path) -> None:
         _compile_or_retry(tgt, flags, ["-o", str(out), str(src)])
@@ -246,7 +244,7 @@ class UnitBuild:
         try:
             objects = [future.result() for future in self._objects]
         finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.close()
         tgt = self.target
         flags = (*tgt.flags, *(_extra_flags("#pragma omp", tgt.compiler) if self._openmp else ()))
         key = _cache_key("\0".join(self._keys), tgt.compiler, (*flags, "link"))
@@ -258,6 +256,10 @@ class UnitBuild:
         path, hit = _cached_build(key, "objects.txt", "so", "\n".join(paths), build)
         compiled = not hit or not all(unit_hit for _, unit_hit in objects)
         return SharedObject(path.read_bytes(), path, cache_hit=not compiled)
+
+    def close(self) -> None:
+        """Drop the compiles not started and end the threads once the running ones finish."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _cache_key(source: str, compiler: str, flags: Sequence[str]) -> str:

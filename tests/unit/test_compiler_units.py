@@ -194,3 +194,24 @@ def test_a_nest_of_unrolled_loops_is_simplified_once(monkeypatch: pytest.MonkeyP
     assert isinstance(lowered.body, Seq)
     indices = [s.index for s in lowered.body.stmts if isinstance(s, Store)]
     assert [x.value for x in indices if isinstance(x, E.IntImm)] == list(range(64))
+
+
+def test_a_lowering_error_after_units_started_leaves_no_compile_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    import compiler.build
+
+    real_lower = compiler.build.lower
+
+    def lower_then_fail(sch: object, args: object, symbol: str) -> PrimFunc:
+        if symbol == "thrice":
+            raise ValueError("lowering thrice failed")
+        return real_lower(sch, args, symbol)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compiler.build, "lower", lower_then_fail)
+    kernels = [scale_kernel("twice", 2.0), scale_kernel("thrice", 3.0)]
+    with pytest.raises(ValueError, match="thrice"):
+        compile_kernels(kernels, TAIL, unit_chars=1)  # twice's unit was already compiling
+    assert not [t for t in threading.enumerate() if t.name.startswith("kiln-cc")]
