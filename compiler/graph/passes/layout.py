@@ -4,9 +4,10 @@
 `conv2d_nchwc`, with its weights (and bias) packed into new constants at compile time. Data stays
 blocked between layout-aware ops: elementwise ops, broadcasting binary ops with a per-channel
 (or scalar) constant (the constant is re-laid out at compile time) or another blocked value of
-the same channels, pools, and channel concats of values in one blocked layout. `layout_transform` nodes appear only at the boundaries: where a
-graph input enters a convolution, where blocked data reaches an op that stays NCHW or a graph
-output, and between two block sizes. Every value's NCHW form keeps its original name, so graph
+the same channels, pools, and channel concats of values in one blocked layout.
+`layout_transform` nodes appear only at the boundaries: where a graph input enters a
+convolution, where blocked data reaches an op that stays NCHW or a graph output, and between two
+block sizes. Every value's NCHW form keeps its original name, so graph
 inputs and outputs keep theirs.
 """
 
@@ -219,10 +220,12 @@ class _Rewriter:
         return True
 
     def widens(self, node: Node, oc: int) -> bool:
-        """Whether a 1x1 convolution's output takes WIDE_1X1_BLOCK: where it divides the channels
-        and no concat joins the output (or an elementwise result of it) with values in other blocks (an inception branch, a fire
-        module's expand: the concat and what follows would run NCHW)."""
-        if oc % WIDE_1X1_BLOCK:
+        """Whether a 1x1 convolution's output takes WIDE_1X1_BLOCK: with the default blocks
+        (a block function of the caller's is kept to), where it divides the channels, and where
+        no concat joins the output (or an elementwise result of it) with values in other blocks
+        (an inception branch, a fire module's expand: the concat and what follows would run
+        NCHW), nor an add with a value of another block (ResNet-18's downsample)."""
+        if self.block is not default_block or oc % WIDE_1X1_BLOCK:
             return False
         frontier = list(node.outputs)
         for _ in range(8):  # through the elementwise ops that carry the block (bias, relu, ...)
