@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,8 @@ from compiler.build import build
 from compiler.codegen.c import PRELUDE
 from compiler.codegen.timing import render_timing
 from compiler.errors import BuildError
+
+pytestmark = pytest.mark.usefixtures("build_cache")
 
 MATMUL = ops.get_template("matmul")
 
@@ -64,13 +66,6 @@ class Module:
         rc = self.time(args, ctypes.byref(cfg), samples, ctypes.byref(used))
         assert samples[cfg.repeat] == -1.0, "wrote past samples_s[repeat - 1]"
         return rc, list(samples[: cfg.repeat]), used.value
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def tiles(

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from compiler import te, toolchain
+from compiler import te
 from compiler.build import build
 from compiler.schedule import create_schedule
 
@@ -24,10 +23,13 @@ QEMU = "qemu-aarch64"
 SYSROOT = "/usr/aarch64-linux-gnu"
 RUN_TIMEOUT_S = 120
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(CROSS) is None or shutil.which(QEMU) is None or not Path(SYSROOT).is_dir(),
-    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (scripts/setup.sh installs them)",
-)
+pytestmark = [
+    pytest.mark.usefixtures("build_cache"),
+    pytest.mark.skipif(
+        shutil.which(CROSS) is None or shutil.which(QEMU) is None or not Path(SYSROOT).is_dir(),
+        reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (scripts/setup.sh installs them)",
+    ),
+]
 
 HARNESS = r"""
 #include <dlfcn.h>
@@ -59,13 +61,6 @@ int main(int argc, char **argv) {
   return rc;
 }
 """
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ import dataclasses
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,18 +18,14 @@ from tuner.measure.builder import build_one
 from tuner.records import Workload
 from tuner.task import Task
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+pytestmark = [
+    pytest.mark.usefixtures("build_cache"),
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc"),
+]
 
 SHAPE = (64, 64, 64)
 WORKLOAD = Workload("dense", SHAPE)
 ROUNDS, MIN_ROUND_S = 3, 0.002  # short rounds: nothing here is about speed
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def built(**layout: object) -> tuple[Artifact, dict[str, object]]:

@@ -4,8 +4,7 @@ included) and, on tiny shapes, run through the loop-IR interpreter."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,8 @@ from compiler.ops.base import (
 )
 from compiler.ops.space import Config
 from compiler.te.tensor import ComputeOp
+
+pytestmark = pytest.mark.usefixtures("build_cache")
 
 # (template, shapes built with gcc, a tiny shape for the interpreter)
 CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
@@ -81,13 +82,6 @@ CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
 }
 AVX512 = "x86_64-avx512"  # register-budget tests name their target: any host gives the same answer
 CONFIGS_PER_SHAPE = 2
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def template(name: str) -> OpTemplate:

@@ -4,8 +4,6 @@ one C variable per scalar or vector slot; checked against the interpreter and bu
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,15 +32,10 @@ from compiler.ops.base import OpTemplate, output_arrays
 from compiler.ops.space import Config
 from compiler.schedule import Schedule, create_schedule
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 ALL_PASSES = [name for name, _ in PASSES]
 WITHOUT_PROMOTE = [name for name in ALL_PASSES if name != "promote"]
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def template(name: str) -> OpTemplate:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,8 @@ from compiler.ops.base import OpTemplate, output_arrays
 from compiler.ops.reference import REFERENCE_PREFIX, reference_kernel, reference_symbol
 from compiler.ops.space import Config
 from compiler.te.tensor import PlaceholderOp, Tensor
+
+pytestmark = pytest.mark.usefixtures("build_cache")
 
 # Small workloads whose spaces have at least two layouts where the template has layout knobs.
 SHAPES: dict[str, list[tuple[int, ...]]] = {
@@ -40,13 +41,6 @@ SHAPES: dict[str, list[tuple[int, ...]]] = {
     "add_relu": [(3, 40)],
 }
 ALTERNATIVES_PER_KNOB = 2
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def layout_knobs(t: Any) -> tuple[str, ...]:

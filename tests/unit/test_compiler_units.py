@@ -8,7 +8,6 @@ import ctypes
 import gc
 import importlib
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,16 +23,11 @@ from compiler.ir.function import PrimFunc
 from compiler.ir.stmt import For, ForKind, Seq, Stmt, Store
 from compiler.schedule.schedule import create_schedule
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 # the packages export functions of the same names as these modules
 simplify_module = importlib.import_module("compiler.arith.simplify")
 unroll_module = importlib.import_module("compiler.lower.unroll")
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 class Runs:

@@ -8,8 +8,6 @@ outside each function's domain, and every integer width at its extremes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,17 +29,12 @@ from compiler.graph.passes.rewrite import add_op
 from compiler.ir import interpreter
 from compiler.lower import lower
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 FLOAT_UNARY: tuple[str, ...] = ("floor", "ceil", "round", "sin", "cos", "tan", "asin", "acos")
 FLOAT_UNARY += ("atan", "sinh", "cosh", "asinh", "acosh", "atanh", "isnan")
 INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 SHAPE = (3, 32)  # an inner axis of 32: the group kernels vectorize it (16 or 8 lanes)
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 # -- inputs -----------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,9 @@ from compiler.graph.build_model import (
 from compiler.graph.tasks import extract_tasks
 from compiler.ops import get_template
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 RTOL = 1e-4
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 # -- helpers --------------------------------------------------------------------------------------

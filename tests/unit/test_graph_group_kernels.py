@@ -8,8 +8,6 @@ on seeded random inputs against `run_reference` of the same nodes as a graph of 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,14 +26,9 @@ from compiler.lower import lower
 from compiler.schedule.schedule import Schedule
 from compiler.te.tensor import Tensor
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 RTOL = ATOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 # -- running groups -------------------------------------------------------------------------------

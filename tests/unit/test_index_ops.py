@@ -6,8 +6,6 @@ type rules and converters refuse what they cannot do, naming the op and the prob
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,21 +16,15 @@ from model_runtime import ModelRunner
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler import toolchain
 from compiler.frontend.onnx import OnnxImportError, from_onnx
 from compiler.graph import Graph, GraphError, TensorType, get_op, run_reference
 from compiler.graph.build_model import build_model
 from compiler.graph.passes.fuse import fuse
 from compiler.graph.registry import Category
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 RNG = np.random.default_rng(23)
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def one_node(

@@ -4,8 +4,7 @@ numpy; the graph ops' type rules and the converters' refusals name what is wrong
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,21 +15,15 @@ from model_runtime import ModelRunner
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler import toolchain
 from compiler.frontend.onnx import OnnxImportError, from_onnx
 from compiler.graph import GraphError, TensorType, get_op, run_reference
 from compiler.graph.build_model import build_model
 from compiler.graph.registry import Category
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 RNG = np.random.default_rng(11)
 RTOL = 1e-4
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def rand(*shape: int, dtype: Any = np.float32) -> np.ndarray:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,13 +16,9 @@ from compiler.ir import expr as E
 from compiler.schedule import create_schedule
 from compiler.te import math as tm
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 N = 4096 + 7  # a tail past the last full vector
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(tmp_path / "cache"))
-    yield tmp_path / "cache"
 
 
 def kernel(fn: Callable[[E.Expr], E.Expr], target: str, lanes: int = 16) -> tuple[str, str]:

@@ -6,8 +6,7 @@ ReduceMax / ReduceMin compile to kernels that match numpy."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,6 @@ from model_runtime import ModelRunner
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler import toolchain
 from compiler.frontend import from_onnx
 from compiler.graph import Graph, GraphError, TensorType, get_op, run_reference
 from compiler.graph import passes as P
@@ -25,14 +23,9 @@ from compiler.graph.build_model import build_model
 from compiler.graph.ops_reduce import REDUCTIONS, reduction_identity
 from compiler.graph.passes.rewrite import add_op
 
+pytestmark = pytest.mark.usefixtures("build_cache")
+
 RNG = np.random.default_rng(3)
-
-
-@pytest.fixture(autouse=True)
-def build_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv(toolchain.CACHE_ENV, str(cache))
-    yield cache
 
 
 def one_node_model(
