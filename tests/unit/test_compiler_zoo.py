@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from compiler import zoo
+from tuner.network.timing import OrtPeer
 
 BN_STATS = (".running_mean", ".running_var")
 
@@ -29,16 +29,6 @@ def op_counts(model: onnx.ModelProto) -> Counter[str]:
 
 def weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-
-
-def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return [np.asarray(o) for o in session.run(None, feeds)]
 
 
 def run_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -152,7 +142,7 @@ def test_bert_tiny_has_the_hf_layers(bert: onnx.ModelProto) -> None:
 def test_cnns_agree_with_the_reference_evaluator(name: str) -> None:
     model = zoo.build(name, image=64, batch=2, seed=3)
     feeds = image_feed(2, 64)
-    (got,) = run_ort(model, feeds)
+    (got,) = OrtPeer(model, feeds).run()
     (want,) = run_reference(model, feeds)
     assert got.shape == (2, 1000)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -160,7 +150,7 @@ def test_cnns_agree_with_the_reference_evaluator(name: str) -> None:
 
 def test_bert_tiny_agrees_with_the_reference_evaluator(bert: onnx.ModelProto) -> None:
     feeds = ids_feed(128)
-    got = run_ort(bert, feeds)
+    got = OrtPeer(bert, feeds).run()
     want = run_reference(bert, feeds)
     assert [g.shape for g in got] == [(1, 128, 128), (1, 128)]
     for g, r in zip(got, want, strict=True):
@@ -208,16 +198,16 @@ def test_bert_tiny_computes_bert() -> None:
     model = zoo.bert_tiny(seq=16, seed=5)
     feeds = ids_feed(16, seed=2)
     w = {k: v.astype(np.float64) for k, v in weights(model).items()}
-    (got,) = run_ort(model, feeds)
+    (got,) = OrtPeer(model, feeds).run()
     np.testing.assert_allclose(got, bert_numpy(feeds["input_ids"], w), rtol=1e-4, atol=1e-4)
 
 
 def test_bert_attention_mixes_positions() -> None:
     model = zoo.bert_tiny(seq=16)
     feeds = ids_feed(16)
-    (before,) = run_ort(model, feeds)
+    (before,) = OrtPeer(model, feeds).run()
     feeds["input_ids"][0, 3] = (feeds["input_ids"][0, 3] + 1) % zoo.BERT_VOCAB
-    (after,) = run_ort(model, feeds)
+    (after,) = OrtPeer(model, feeds).run()
     changed = np.abs(after - before).max(axis=-1)[0] > 1e-6
     assert changed.all()  # every position attends to the changed token
 
@@ -230,7 +220,7 @@ def test_activations_stay_order_one_at_full_size(
         (mobilenet, image_feed(1, 224)),
         (bert, ids_feed(128)),
     ):
-        for out in run_ort(model, feeds):
+        for out in OrtPeer(model, feeds).run():
             assert np.isfinite(out).all()
             assert 1e-2 < float(out.std()) < 1e2, (model.graph.name, out.std())
 
@@ -252,10 +242,10 @@ def test_weights_are_deterministic_per_seed_and_differ_across_seeds() -> None:
 
 def test_sizes_follow_the_arguments() -> None:
     model = zoo.resnet18(batch=3, image=96)
-    (out,) = run_ort(model, image_feed(3, 96))
+    (out,) = OrtPeer(model, image_feed(3, 96)).run()
     assert out.shape == (3, 1000)
     bert = zoo.bert_tiny(seq=40)
-    (hidden,) = run_ort(bert, ids_feed(40))
+    (hidden,) = OrtPeer(bert, ids_feed(40)).run()
     assert hidden.shape == (1, 40, 128)
 
 

@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import benchmarks.zoo as bench
+from tuner.network.timing import OrtPeer
 
 # alexnet's 11x11/4 stem and three 3/2 max pools leave no pixel of a 32x32 image; unet wants a
 # multiple of 4
@@ -19,16 +19,6 @@ IMAGE = 64
 
 def declared_shape(value: onnx.ValueInfoProto) -> list[int]:
     return [d.dim_value for d in value.type.tensor_type.shape.dim]
-
-
-def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return [np.asarray(o) for o in session.run(None, feeds)]
 
 
 @pytest.mark.parametrize("name", sorted(bench.MODELS))
@@ -40,7 +30,7 @@ def test_model_is_valid_seeded_and_runs_in_onnxruntime(name: str) -> None:
     assert bench.MODELS[name](IMAGE).SerializeToString() == model.SerializeToString()
 
     x = np.random.default_rng(0).standard_normal(declared_shape(model.graph.input[0]))
-    (y,) = run_ort(model, {"input": x.astype(np.float32)})
+    (y,) = OrtPeer(model, {"input": x.astype(np.float32)}).run()
     assert list(y.shape) == declared_shape(model.graph.output[0])
     assert np.isfinite(y).all()
     assert y.std() > 0
