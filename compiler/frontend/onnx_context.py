@@ -16,7 +16,7 @@ tensor (Concat and Split leave their empty pieces out of the node they emit).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,16 @@ class ImportContext:
                 self.node.input[i],
             )
         return self.consts[name]
+
+    def refuse_other_attrs(self, known: Iterable[str]) -> None:
+        """Refuse the node when it has an attribute outside `known` (Kiln would ignore it)."""
+        allowed = set(known)
+        extra = sorted(a.name for a in self.node.attribute if a.name not in allowed)
+        if extra:
+            raise GraphError(
+                f"attribute {', '.join(extra)} is not supported "
+                f"(known: {', '.join(sorted(allowed))})"
+            )
 
     def attr(self, name: str, default: Any = None) -> Any:
         """Attribute `name` as a plain value (str, int, float, tuple, TensorProto)."""

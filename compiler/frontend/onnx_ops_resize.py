@@ -269,9 +269,7 @@ def _options(ctx: ImportContext) -> ResizeOptions:
         "keep_aspect_ratio_policy",
         LEGACY_NEAREST,
     }
-    unknown = sorted(a.name for a in ctx.node.attribute if a.name not in known)
-    if unknown:
-        raise GraphError(f"attribute(s) {', '.join(unknown)} are not supported")
+    ctx.refuse_other_attrs(known)
     return ResizeOptions(
         mode=str(ctx.attr("mode", "nearest")),
         coordinates=str(ctx.attr("coordinate_transformation_mode", "half_pixel")),
@@ -406,9 +404,7 @@ def _upsample(ctx: ImportContext) -> None:
     if mode not in ("nearest", "linear"):
         raise GraphError(f"mode {mode!r} is not nearest or linear")
     known = ("mode", "scales", LEGACY_NEAREST)
-    unknown = sorted(a.name for a in ctx.node.attribute if a.name not in known)
-    if unknown:
-        raise GraphError(f"attribute(s) {', '.join(unknown)} are not supported")
+    ctx.refuse_other_attrs(known)
     scales = ctx.attr("scales")
     values = (
         np.asarray(scales, np.float32)
