@@ -372,7 +372,6 @@ def _as_param(value: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(value.astype(np.int32) if value.dtype == bool else value)
 
 
-@without_gc
 def build_model(
     graph: Graph, configs: Configs | None = None, target: str = "host"
 ) -> ModelArtifact:
