@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 
 from compiler.frontend.onnx_context import ImportContext
 from compiler.graph.ir import GraphError
+from compiler.graph.ops_nn import is_grouped_1x1
 
 Converter = Callable[[ImportContext], None]
 CONVERTERS: dict[str, Converter] = {}
@@ -113,15 +114,17 @@ def _conv(ctx: ImportContext) -> None:
     }
     inputs = [ctx.input(i) for i in range(3) if ctx.has_input(i)]
     groups, channels = int(ctx.attr("group", 1)), ctx.input_type(0).shape[1]
-    if groups > 1 and not (w_shape[1] == 1 and groups == channels == w_shape[0]):
+    depthwise = w_shape[1] == 1 and groups == channels == w_shape[0]
+    if groups > 1 and not depthwise and not is_grouped_1x1(w_shape, attrs):
         _grouped_conv(ctx, inputs, attrs)
         return
     ctx.emit("conv2d", inputs, attrs, bind=True)
 
 
 def _grouped_conv(ctx: ImportContext, inputs: list[str], attrs: dict[str, Any]) -> None:
-    """A grouped convolution that is not depthwise, as one convolution per group over its slice of
-    the channels, joined by Concat (the conv templates take groups=1 or depthwise only)."""
+    """A grouped convolution that is neither depthwise nor 1x1 at stride 1 (the templates'
+    grouped cases), as one convolution per group over its slice of the channels, joined by
+    Concat."""
     groups = int(attrs["groups"])
     weight = ctx.const_input(1, "W")
     bias = ctx.const_input(2, "B")

@@ -7,11 +7,16 @@ A layout is a string: "NCHW", or "NCHW{x}c" for x channels innermost (`[N][C/x][
 - `conv2d_nchwc(x, w[, b]; strides, pads, dilations, groups, ic_block, oc_block, template)`:
   COMPLEX_OUT_FUSABLE. Data `[N][IC/icb][H][W][icb]` (not pre-padded: `pads` as in conv2d),
   weights pre-packed by `compiler.ops.layout`: `[OC/ocb][IC/icb][KH][KW][icb][ocb]` when
-  groups == 1, `[C/cb][KH][KW][cb]` when depthwise (groups == C, icb == ocb == cb); bias
+  groups == 1, `[OC/ocb][IC/groups/icb][KH][KW][icb][ocb]` when grouped (the blocks divide a
+  group's channels), `[C/cb][KH][KW][cb]` when depthwise (groups == C, icb == ocb == cb); bias
   `[OC/ocb][ocb]`. Output `[N][OC/ocb][OH][OW][ocb]`. `template` names the `compiler.ops`
-  template ("conv2d_nchwc", "conv2d_1x1_nchwc", "conv2d_stem_nchwc", "depthwise_conv2d_nchwc").
+  template ("conv2d_nchwc", "conv2d_1x1_nchwc", "conv2d_stem_nchwc", "depthwise_conv2d_nchwc",
+  "grouped_conv2d_1x1_nchwc").
 - `max_pool2d_nchwc`, `avg_pool2d_nchwc`, `global_avg_pool2d_nchwc`: REDUCTION; the NCHW pools'
   attributes and semantics on NCHW[x]c data (the block is the data's last dimension).
+- `gather_channels_nchwc(x, blocks, lanes)`: INJECTIVE; a gather of channels (ONNX Gather on
+  axis 1 by constant indices, e.g. a channel shuffle) on NCHW[x]c data: output channel block
+  `cb`, lane `l` is input block `blocks[cb][l]`, lane `lanes[cb][l]` (`channel_tables`).
 """
 
 from __future__ import annotations
@@ -120,10 +125,19 @@ def _conv_nchwc_infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[Tensor
     if len(x.shape) != 5 or x.shape[4] != icb:
         raise GraphError(f"{op}: data {x} is not NCHW{icb}c (ic_block={icb})")
     n, icc, h, wd, _ = x.shape
-    if groups == 1:
-        if len(w.shape) != 6 or w.shape[1] != icc or w.shape[4:] != (icb, ocb):
+    if groups == 1 or len(w.shape) == 6:  # a grouped one reads IC/groups channels per output
+        per_group = icc * icb // groups
+        if (
+            len(w.shape) != 6
+            or per_group % icb
+            or w.shape[1] != per_group // icb
+            or w.shape[4:] != (icb, ocb)
+            or (w.shape[0] * ocb) % groups
+            or (w.shape[0] * ocb // groups) % ocb
+        ):
             raise GraphError(
-                f"{op}: weight {w} is not packed [OC/{ocb}][{icc}][KH][KW][{icb}][{ocb}]"
+                f"{op}: weight {w} is not packed [OC/{ocb}][{icc * icb}/{groups}/{icb}][KH][KW]"
+                f"[{icb}][{ocb}] (blocks must divide a group's channels)"
             )
         occ, kh, kw = w.shape[0], w.shape[2], w.shape[3]
     else:
@@ -149,7 +163,7 @@ def _conv_nchwc_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np
     xp = np.pad(
         x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0))
     )
-    kh, kw = (w.shape[2], w.shape[3]) if groups == 1 else (w.shape[1], w.shape[2])
+    kh, kw = (w.shape[2], w.shape[3]) if w.ndim == 6 else (w.shape[1], w.shape[2])
     out = np.zeros(out_type.shape, np.float64)
     for ky in range(kh):
         for kx in range(kw):
@@ -164,6 +178,13 @@ def _conv_nchwc_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np
             if groups == 1:
                 tap = w[:, :, ky, kx].astype(np.float64)  # [OCo][ICo][icb][ocb]
                 out += np.einsum("nihwc,oicd->nohwd", window, tap)
+            elif w.ndim == 6:  # grouped: output block o reads its group's input blocks
+                tap = w[:, :, ky, kx].astype(np.float64)
+                per_in, per_out = w.shape[1], w.shape[0] // groups
+                for g in range(groups):
+                    part = window[:, g * per_in : (g + 1) * per_in]
+                    rows = slice(g * per_out, (g + 1) * per_out)
+                    out[:, rows] += np.einsum("nihwc,oicd->nohwd", part, tap[rows])
             else:
                 out += window * w[:, ky, kx, :].astype(np.float64)[None, :, None, None, :]
     if len(inputs) > 2:
@@ -180,6 +201,51 @@ register(
         template="conv2d_nchwc",
         doc="conv2d on NCHW[x]c data with pre-packed weights; the node's `template` attr picks "
         "the compiler.ops template.",
+    )
+)
+
+# -- gather_channels_nchwc ------------------------------------------------------------------------
+
+
+def channel_tables(indices: np.ndarray, in_block: int, out_block: int) -> tuple[np.ndarray, ...]:
+    """(source block, source lane) of every output channel of a gather of channels `indices`
+    (non-negative) from NCHW[in_block]c data, each shaped [C_out/out_block][out_block], int32."""
+    idx = np.asarray(indices, np.int64)
+    if idx.size % out_block:
+        raise GraphError(f"channel block {out_block} does not divide {idx.size} gathered channels")
+    shape = (idx.size // out_block, out_block)
+    return (idx // in_block).astype(np.int32).reshape(shape), (idx % in_block).astype(
+        np.int32
+    ).reshape(shape)
+
+
+def _gather_channels_infer(inputs: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    op = "gather_channels_nchwc"
+    if len(inputs) != 3 or len(inputs[0].shape) != 5:
+        raise GraphError(f"{op}: takes NCHW[x]c data and two index tables, got {len(inputs)}")
+    x, blocks, lanes = inputs
+    if blocks.shape != lanes.shape or len(blocks.shape) != 2:
+        raise GraphError(f"{op}: tables {blocks} and {lanes} must be one [C/b][b] shape")
+    if blocks.dtype not in ("int32", "int64") or lanes.dtype not in ("int32", "int64"):
+        raise GraphError(f"{op}: tables must be int32 or int64, got {blocks.dtype}")
+    n, _, h, w, _ = x.shape
+    return [TensorType((n, blocks.shape[0], h, w, blocks.shape[1]), x.dtype)]
+
+
+def _gather_channels_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.ndarray]:
+    x, blocks, lanes = inputs
+    out = x[:, blocks, :, :, lanes]  # [CB][B][N][H][W]: advanced indices come first
+    return [np.ascontiguousarray(out.transpose(2, 0, 3, 4, 1))]
+
+
+register(
+    OpDef(
+        "gather_channels_nchwc",
+        Category.INJECTIVE,
+        _gather_channels_infer,
+        _gather_channels_reference,
+        doc="channels of NCHW[x]c data gathered by constant tables: output channel (cb, l) is "
+        "input block blocks[cb][l], lane lanes[cb][l] (a channel shuffle, kept blocked).",
     )
 )
 

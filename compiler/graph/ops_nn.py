@@ -129,15 +129,29 @@ def _conv2d_reference(inputs: Sequence[np.ndarray], attrs: Attrs) -> list[np.nda
     return [y.astype(x.dtype, copy=False)]
 
 
+def is_grouped_1x1(w: TensorType | tuple[int, ...], attrs: Attrs) -> bool:
+    """Whether a grouped (groups > 1) conv2d with weight `w` (or its shape) is 1x1 at stride 1
+    without padding or dilation: what `grouped_conv2d_1x1_nchwc` takes."""
+    shape = w.shape if isinstance(w, TensorType) else tuple(w)
+    return (
+        tuple(shape[2:]) == (1, 1)
+        and tuple(attrs.get("strides", (1, 1))) == (1, 1)
+        and tuple(attrs.get("dilations", (1, 1))) == (1, 1)
+        and tuple(attrs.get("pads", (0, 0, 0, 0))) == (0, 0, 0, 0)
+    )
+
+
 def conv2d_template(x: TensorType, w: TensorType, attrs: Attrs) -> str:
     """The `compiler.ops` template a conv2d with these types compiles with."""
     groups = int(attrs.get("groups", 1))
     o, cg, kh, kw = w.shape
     if groups > 1 and cg == 1 and groups == x.shape[1] == o:
         return "depthwise_conv2d_nchwc"
-    if groups != 1:
-        return "conv2d_nchwc"  # grouped but not depthwise: the generic template, per group
     pads = tuple(attrs.get("pads", (0, 0, 0, 0)))
+    if groups != 1:
+        if is_grouped_1x1(w, attrs):
+            return "grouped_conv2d_1x1_nchwc"
+        return "conv2d_nchwc"  # grouped otherwise: no template; imported as one conv per group
     if (kh, kw) == (1, 1) and pads == (0, 0, 0, 0):
         return "conv2d_1x1_nchwc"
     if x.shape[1] <= STEM_MAX_IN_CHANNELS:

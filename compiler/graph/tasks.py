@@ -134,6 +134,10 @@ def _conv_workload(graph: Graph, group: FusedGroup) -> AnchorWorkload:
         return AnchorWorkload(
             template, (n, ic, h, w, kh, kw, strides[0], pad, epilogue), note, pads, relu
         )
+    if template == "grouped_conv2d_1x1_nchwc":
+        groups = int(node.attrs["groups"])
+        shape = (n, ic, h, w, oc, kh, kw, strides[0], pad, epilogue, groups)
+        return AnchorWorkload(template, shape, note, pads, relu)
     return AnchorWorkload(
         template, (n, ic, h, w, oc, kh, kw, strides[0], pad, epilogue), note, pads, relu
     )

@@ -467,6 +467,23 @@ def _gather(
     return [compute_of(out_types[0], body, name or "gather")]
 
 
+@_register("gather_channels_nchwc")
+def _gather_channels_nchwc(
+    inputs: Sequence[Tensor], attrs: Attrs, out_types: Sequence[TensorType], name: str = ""
+) -> list[Tensor]:
+    data, blocks, lanes = inputs
+
+    def index(t: Tensor, cb: E.Expr, lane: E.Expr) -> E.Expr:
+        at: E.Expr = t[cb, lane]
+        return at if at.dtype == E.INDEX_DTYPE else E.Cast(E.INDEX_DTYPE, at)
+
+    def body(i: Index) -> E.Expr:
+        b, cb, y, x, lane = i
+        return data[b, index(blocks, cb, lane), y, x, index(lanes, cb, lane)]
+
+    return [compute_of(out_types[0], body, name or "gather_channels")]
+
+
 @_register("expand")
 def _expand(
     inputs: Sequence[Tensor], attrs: Attrs, out_types: Sequence[TensorType], name: str = ""

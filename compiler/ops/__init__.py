@@ -1,6 +1,7 @@
 """The op library: compute definitions with numpy references and tunable schedule templates.
 
 Templates: `dense` (packed weights), `conv2d_nchwc` (KxK), `conv2d_1x1_nchwc`,
+`grouped_conv2d_1x1_nchwc`,
 `conv2d_stem_nchwc` (few input channels), `conv2d_winograd_nchwc` (3x3 stride 1),
 `depthwise_conv2d_nchwc`, `max_pool2d_nchwc`,
 `avg_pool2d_nchwc`, `global_avg_pool2d_nchwc`, `softmax`, `layer_norm`, elementwise `add`,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from compiler.ops.base import OpTemplate, Template
 from compiler.ops.conv2d import Conv2d1x1Template, Conv2dNCHWcTemplate, Conv2dStemTemplate
+from compiler.ops.conv2d_grouped import GroupedConv2d1x1Template
 from compiler.ops.dense import DenseTemplate
 from compiler.ops.depthwise import DepthwiseConv2dTemplate
 from compiler.ops.injective import ELEMENTWISE_OPS, ElementwiseTemplate
@@ -27,6 +29,7 @@ _LIBRARY: tuple[Template, ...] = (
     DenseTemplate(),
     Conv2dNCHWcTemplate(),
     Conv2d1x1Template(),
+    GroupedConv2d1x1Template(),
     Conv2dStemTemplate(),
     Conv2dWinogradTemplate(),
     DepthwiseConv2dTemplate(),

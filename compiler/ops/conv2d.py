@@ -202,7 +202,7 @@ class Conv2dNCHWcTemplate(OpTemplate):
     3x3/2 at 28x28 (128->256) went from 65 to 92 GFLOP/s with it on Zen 3."""
 
     name = "conv2d_nchwc"
-    fields = FIELDS
+    fields: tuple[str, ...] = FIELDS
     layout_knobs = ("ic_block", "oc_block", "pixels")
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -48,6 +48,14 @@ CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
         ],
         (1, 4, 3, 3, 2, 1, 1, 2, 0, 0),
     ),
+    "grouped_conv2d_1x1_nchwc": (
+        [
+            (1, 24, 7, 9, 60, 1, 1, 1, 0, 2, 3),  # ShuffleNet's 8 -> 20 channels per group
+            (1, 32, 5, 5, 64, 1, 1, 1, 0, 0, 2),
+            (2, 48, 4, 3, 96, 1, 1, 1, 0, 3, 4),
+        ],
+        (1, 4, 3, 3, 6, 1, 1, 1, 0, 1, 2),
+    ),
     "conv2d_stem_nchwc": (
         [(1, 3, 21, 19, 32, 7, 7, 2, 3, 2), (1, 3, 10, 10, 16, 3, 3, 1, 1, 0)],
         (1, 3, 5, 5, 2, 3, 3, 2, 1, 1),
@@ -194,6 +202,10 @@ def test_registry_keeps_matmul_and_names_the_known_templates() -> None:
         ("conv2d_nchwc", (1, 3, 2, 2, 8, 5, 5, 1, 1, 0), "does not fit"),
         ("conv2d_1x1_nchwc", (1, 3, 4, 4, 8, 3, 3, 1, 1, 0), "kernel must be 1x1"),
         ("conv2d_winograd_nchwc", (1, 3, 9, 9, 8, 3, 3, 2, 1, 0), "3x3 kernel of stride 1"),
+        ("grouped_conv2d_1x1_nchwc", (1, 6, 4, 4, 8, 1, 1, 1, 0, 0, 3), "divide IC=6 and OC=8"),
+        ("grouped_conv2d_1x1_nchwc", (1, 6, 4, 4, 6, 1, 1, 1, 0, 0, 1), "must be >= 2"),
+        ("grouped_conv2d_1x1_nchwc", (1, 6, 4, 4, 6, 1, 1, 2, 0, 0, 3), "1x1 kernels at stride 1"),
+        ("grouped_conv2d_1x1_nchwc", (1, 6, 4, 4, 6, 1, 1, 1, 0, 0), "workload must be"),
         ("conv2d_winograd_nchwc", (1, 3, 9, 9, 8, 5, 5, 1, 2, 0), "3x3 kernel of stride 1"),
         ("max_pool2d_nchwc", (1, 3, 4, 4, 2, 1, 2), "pad 2 must be smaller"),
         ("reduce_sum", (3, 4, 2), "axis must be 0 or 1"),
