@@ -28,10 +28,16 @@ build's outputs against onnxruntime's and both timed on one core, interleaved
 (`tuner.network.timing.versus_onnxruntime`, as benchmarks/models.py). Ratio = onnxruntime time /
 ours (> 1: ours faster). A model Kiln refuses is a row with the reason.
 
+With `--tune-per-task N` each model is also tuned on a local pool (tracker + agent, as `kiln
+demo`) for N trials per task (`kiln demo`'s budget is 8: one warm-up round), one confirmation
+per task, built from those records, and timed beside the untuned build and onnxruntime in the
+same interleaved rounds; the final line then carries `tuned_ratio_geomean` and
+`tuned_ratio_min` too.
+
 Then (unless --no-conformance) benchmarks/conformance.py runs as a child process: onnx's node
 tests of every op Kiln imports. Ends with one line:
     zoo: models=<n> correct=<n> build_s_max=<s> untuned_ratio_geomean=<x> untuned_ratio_min=<x>
-         conformance_pass_pct=<x> ops_claimed=<n>
+         conformance_pass_pct=<x> ops_claimed=<n> [tuned_ratio_geomean=<x> tuned_ratio_min=<x>]
 (pass_pct over the node tests of every op Kiln imports; an op is claimed when all of its pass).
 """
 
@@ -53,7 +59,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import NamedTuple  # noqa: E402
+from typing import TYPE_CHECKING, NamedTuple  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -62,7 +68,12 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
+import kiln  # noqa: E402
 from compiler.zoo import _Builder  # noqa: E402
+
+if TYPE_CHECKING:
+    from compiler.graph.build_model import ModelArtifact
+    from compiler.graph.ir import Graph
 
 
 def _model(
@@ -472,13 +483,30 @@ def main() -> None:
     parser.add_argument(
         "--no-conformance", action="store_true", help="skip the ONNX node tests at the end"
     )
+    parser.add_argument(
+        "--tune-per-task",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also tune each model for N trials per task on a local pool (default 0: untuned only)",
+    )
     args = parser.parse_args()
+    if args.tune_per_task < 0:
+        parser.error("--tune-per-task must be >= 0")
     if not args.warm_cache:
         from compiler.toolchain import CACHE_ENV
 
         cold = tempfile.mkdtemp(prefix="kiln-zoo-cache-")
         atexit.register(shutil.rmtree, cold, ignore_errors=True)
         os.environ[CACHE_ENV] = cold
+
+    pool = None
+    if args.tune_per_task:
+        pool = kiln.Pool()
+        pool.__enter__()
+        atexit.register(pool.__exit__, None, None, None)
+        records_dir = tempfile.mkdtemp(prefix="kiln-zoo-records-")
+        atexit.register(shutil.rmtree, records_dir, ignore_errors=True)
 
     rows = []
     for name in args.models.split(","):
@@ -502,24 +530,36 @@ def main() -> None:
             rows.append(row)
             print(f"{name}: refused: {row['note']}", flush=True)
             continue
+        builds = {"untuned": built}
+        if pool is not None:
+            try:
+                builds["tuned"] = tuned_build(
+                    pool, graph, name, args.tune_per_task, records_dir, row
+                )
+            except Exception as error:  # a failed tuning run is a note; the untuned row stands
+                row["note"] = f"tuning: {type(error).__name__}: {str(error)[:140]}"
         try:
-            result = versus_onnxruntime(
-                model, feeds, {"untuned": built}, args.rounds, args.min_round_s, 1e-3
-            )
+            result = versus_onnxruntime(model, feeds, builds, args.rounds, args.min_round_s, 1e-3)
             ours = statistics.median(result.ours["untuned"])
             theirs = statistics.median(result.ort)
             row.update(correct=True, ours_ms=ours * 1e3, ort_ms=theirs * 1e3, ratio=theirs / ours)
+            if "tuned" in result.ours:
+                tuned = statistics.median(result.ours["tuned"])
+                row.update(tuned_ms=tuned * 1e3, tuned_ratio=theirs / tuned)
         except OutputMismatch as error:
             row.update(correct=False, note=str(error)[:150])
         rows.append(row)
         print(f"{name}: {row}", flush=True)
 
     print()
+    tuned_head = " trials | tune s | tuned ms | ort/tuned |" if pool is not None else ""
     print(
         f"| {'model':<12} | opset | nodes | import s | build s | correct | ours ms | ort ms | ort/ours |"
+        + tuned_head
     )
     print(
         f"|{'-' * 14}|-------|-------|----------|---------|---------|---------|--------|----------|"
+        + ("--------|--------|----------|-----------|" if pool is not None else "")
     )
 
     def cell(r: dict[str, object], key: str, fmt: str) -> str:
@@ -535,21 +575,59 @@ def main() -> None:
             f"| {r['model']:<12} | {r['opset']:>5} | {r['nodes']:>5} | {f('import_s', '8.2f')} | "
             f"{f('build_s', '7.1f')} | {r.get('correct', '-')!s:>7} | {f('ours_ms', '7.2f')} | "
             f"{f('ort_ms', '6.2f')} | {f('ratio', '8.2f')} |"
+            + (
+                f" {r.get('trials', '-')!s:>6} | {f('tune_s', '6.0f')} | {f('tuned_ms', '8.2f')} | "
+                f"{f('tuned_ratio', '9.2f')} |"
+                if pool is not None
+                else ""
+            )
         )
         if "note" in r:
             print(f"|   {r['note']}")
     ratios = [v for r in rows if isinstance(v := r.get("ratio"), float)]
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else 0.0
-    builds = [v for r in rows if isinstance(v := r.get("build_s"), float)]
+    build_s = [v for r in rows if isinstance(v := r.get("build_s"), float)]
     correct = sum(1 for r in rows if r.get("correct") is True)
     conformance = "conformance_pass_pct=nan ops_claimed=nan"
     if not args.no_conformance:
         conformance = run_conformance()
+    tuned_line = ""
+    if pool is not None:
+        tuned_ratios = [v for r in rows if isinstance(v := r.get("tuned_ratio"), float)]
+        tuned_line = (
+            f" tuned_ratio_geomean={geomean(tuned_ratios):.2f}"
+            f" tuned_ratio_min={min(tuned_ratios, default=0.0):.2f}"
+        )
     print(
-        f"zoo: models={len(rows)} correct={correct} build_s_max={max(builds, default=0.0):.1f} "
-        f"untuned_ratio_geomean={geo:.2f} untuned_ratio_min={min(ratios, default=0.0):.2f} "
-        f"{conformance}"
+        f"zoo: models={len(rows)} correct={correct} build_s_max={max(build_s, default=0.0):.1f} "
+        f"untuned_ratio_geomean={geomean(ratios):.2f} "
+        f"untuned_ratio_min={min(ratios, default=0.0):.2f} {conformance}{tuned_line}"
     )
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in values) / len(values)) if values else 0.0
+
+
+def tuned_build(
+    pool: kiln.Pool,
+    graph: Graph,
+    name: str,
+    per_task: int,
+    records_dir: str,
+    row: dict[str, object],
+) -> ModelArtifact:
+    """Tune `graph` on `pool` for `per_task` trials per task (one confirmation each, as the
+    demo), then build it from those records; the trials and seconds go into `row`."""
+    from tuner.network.tune import model_tasks
+    from tuner.options import TuneOptions
+
+    tasks, _ = model_tasks(graph)
+    records = os.path.join(records_dir, f"{name}.jsonl")
+    options = TuneOptions(trials=per_task * max(len(tasks), 1), confirm=1)
+    start = time.perf_counter()
+    result = kiln.tune_network(pool, graph, options=options, records=records)
+    row.update(trials=result.trials, tune_s=time.perf_counter() - start)
+    return kiln.build(graph, records)
 
 
 def run_conformance() -> str:
