@@ -239,9 +239,13 @@ def test_one_searcher_per_task_continues_across_batches(graph: Graph) -> None:
     SpySearcher.made = []
     result = run(graph, None, 40, searcher_factory=SpySearcher)
     assert len(SpySearcher.made) == len(result.tasks) == 3
-    for spy, report in zip(SpySearcher.made, result.tasks, strict=True):
-        assert len(spy.asked) == report.trials > 4  # several batches, one searcher
-        assert spy.told == spy.asked
+    tunable, _ = model_tasks(graph)
+    for spy, report, mt in zip(SpySearcher.made, result.tasks, tunable, strict=True):
+        # the untuned build's config is measured first, then the searcher's (several batches)
+        default = mt.default_index("host")
+        assert spy.told[0] == default and default not in spy.asked
+        assert len(spy.asked) + 1 == report.trials > 4
+        assert spy.told == [default, *spy.asked]
 
 
 def test_resume_tells_earlier_records_and_counts_them(graph: Graph, tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from compiler.graph import passes as P
 from compiler.graph.build_model import optimize
 from compiler.graph.ir import Graph, Node
+from compiler.graph.model_kernels import default_config
 from compiler.graph.tasks import TaskKey, TaskSpec, extract_tasks
+from compiler.ops.base import OpTemplate
 from compiler.ops.space import Config
 from tuner import records as rec
 from tuner.loop import (
@@ -49,7 +51,7 @@ from tuner.measure.runner import Runner
 from tuner.network.scheduler import Allocation, SchedTask, ScheduleResult, TaskScheduler
 from tuner.options import TuneOptions
 from tuner.records import RecordStore
-from tuner.search import Searcher, searcher_for
+from tuner.search import Searcher, SeededSearch, searcher_for
 from tuner.task import Task
 
 _LOG = logging.getLogger(__name__)
@@ -74,6 +76,12 @@ class ModelTask:
         """Whether config `index` can be built in this model: every config can, since the
         builder lays the graph out to the channel blocks a config picks (`config_blocks`)."""
         return 0 <= index < len(self.task.space)
+
+    def default_index(self, target: str) -> int:
+        """The config the untuned build of this task uses on compile target `target`."""
+        template = self.task.template
+        assert isinstance(template, OpTemplate)  # a tunable task has a template
+        return default_config(template, self.task.workload.shape, target, self.blocks).index
 
 
 def model_tasks(graph: Graph) -> tuple[list[ModelTask], list[TaskSpec]]:
@@ -304,7 +312,14 @@ def tune_network(
     )
     runs = [
         _TaskRun(
-            mt, factory(mt.task, mt.fits), builder, runner, store, records_target, options.check
+            mt,
+            # the untuned build's config first: a tuned build is never slower than the default
+            SeededSearch(factory(mt.task, mt.fits), [mt.default_index(target)]),
+            builder,
+            runner,
+            store,
+            records_target,
+            options.check,
         )
         for mt in tunable
     ]

@@ -1,6 +1,6 @@
 """Search: propose configs of a task's space, ask/tell, and learn from measured results.
 
-    base        the Searcher protocol and RandomSearch
+    base        the Searcher protocol, RandomSearch, SeededSearch (given configs first)
     xgb         XGBSearcher: simulated annealing over an XGBoost cost model (AutoTVM's)
     annealing   the parallel simulated annealing the xgb searcher runs on its model
     cost_model  CostModel.fit/predict on XGBoost with a ranking objective
@@ -11,7 +11,7 @@
 Only `base` and `factory` load with this package; xgboost loads when the xgb searcher is made.
 """
 
-from tuner.search.base import RandomSearch, Searcher
+from tuner.search.base import RandomSearch, Searcher, SeededSearch
 from tuner.search.factory import (
     TUNERS,
     TransferScore,
@@ -24,6 +24,7 @@ __all__ = [
     "TUNERS",
     "RandomSearch",
     "Searcher",
+    "SeededSearch",
     "TransferScore",
     "make_searcher",
     "searcher_for",

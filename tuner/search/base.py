@@ -63,3 +63,47 @@ class RandomSearch:
     def exclude(self, indices: Sequence[int]) -> None:
         """Never propose these (already measured in an earlier run being resumed)."""
         self._seen.update(indices)
+
+
+class SeededSearch:
+    """`inner`'s proposals, after `first` (each once, in order, unless excluded), never one
+    twice: a model's tuning measures the config its untuned build uses before any other, so a
+    tuned build never runs a config slower than its default (with 2 trials a task, the
+    ShuffleNet-style zoo net built from its records ran slower than untuned: 0.40 vs 0.28 ms).
+    """
+
+    def __init__(self, inner: Searcher, first: Sequence[int]) -> None:
+        self.inner = inner
+        self._first = list(dict.fromkeys(int(i) for i in first))
+        self._seeds = set(self._first)
+        exclude = getattr(inner, "exclude", None)
+        if exclude is not None:
+            exclude(self._first)
+
+    def ask(self, n: int) -> list[int]:
+        out, self._first = self._first[:n], self._first[n:]
+        # an inner searcher that could not exclude the seeds may propose them: drop those (it
+        # never proposes an index twice, so every round that is not empty makes progress)
+        while len(out) < n:
+            more = self.inner.ask(n - len(out))
+            if not more:
+                break
+            out += [i for i in more if i not in self._seeds]
+        return out
+
+    def tell(self, indices: Sequence[int], results: Sequence[MeasureResult]) -> None:
+        """Results of measured configs (a resumed run's earlier ones too): a seed among them is
+        not proposed again."""
+        self._drop(indices)
+        self.inner.tell(indices, results)
+
+    def _drop(self, indices: Sequence[int]) -> None:
+        gone = {int(i) for i in indices}
+        self._first = [i for i in self._first if i not in gone]
+
+    def exclude(self, indices: Sequence[int]) -> None:
+        """Never propose these (measured in an earlier run being resumed), seeds included."""
+        self._drop(indices)
+        exclude = getattr(self.inner, "exclude", None)
+        if exclude is not None:
+            exclude(indices)
