@@ -6,6 +6,8 @@
     print(best.gflops, best.knobs)
 
 XGBoost-guided search and the on-device correctness check are on by default (`TuneOptions`).
+Candidates build in local processes, or on a Dask cluster's workers with
+`builder="dask://HOST:PORT"` (`tuner.measure.dask_builder`).
 """
 
 from __future__ import annotations
@@ -66,12 +68,12 @@ def _options(options: TuneOptions | None, trials: int | None) -> TuneOptions:
 
 
 @contextmanager
-def _builder(pool: Pool, given: Builder | None) -> Iterator[Builder]:
-    """`given`, or the pool's LocalBuilder, closed on leaving."""
-    if given is not None:
+def _builder(pool: Pool, given: Builder | str | None) -> Iterator[Builder]:
+    """`given`, or the pool's builder of spec `given` ("local" when None), closed on leaving."""
+    if given is not None and not isinstance(given, str):
         yield given
         return
-    own = pool.builder()
+    own = pool.builder(spec=given or "local")
     try:
         yield own
     finally:
@@ -87,7 +89,7 @@ def tune_op(
     records: RecordStore | str | os.PathLike[str] | None = None,
     options: TuneOptions | None = None,
     evaluator: EvaluatorConfig | None = None,
-    builder: Builder | None = None,
+    builder: Builder | str | None = None,
     callbacks: Sequence[Callback] = (),
 ) -> TuneProgress:
     """Tune one operator on `pool`'s devices; the progress holds the best record.
@@ -97,7 +99,8 @@ def tune_op(
         records: a store, a JSON-lines path or a Redis URL every batch is appended to.
         options: search, confirmation, resume and check settings (default `TuneOptions()`).
         evaluator: how the device times each candidate.
-        builder: what builds candidates (default: a LocalBuilder for the pool's target).
+        builder: what builds candidates: a Builder, "local" (the default: a LocalBuilder for
+            the pool's target) or "dask://HOST:PORT" (a DaskBuilder on that scheduler).
         callbacks: called after every batch with the progress and the batch's records.
 
     Raises:
@@ -118,7 +121,7 @@ def tune_network(
     options: TuneOptions | None = None,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     evaluator: EvaluatorConfig | None = None,
-    builder: Builder | None = None,
+    builder: Builder | str | None = None,
     on_batch: Callable[[ModelTuneStep], None] | None = None,
 ) -> ModelTuneResult:
     """Tune every task of a network (an ONNX file or an imported graph) within one budget.

@@ -24,7 +24,7 @@ import grpc
 from protos import tracker_pb2
 from protos.auth import TlsFiles
 from protos.rpc_errors import explain_rpc_error
-from tuner.measure.builder import LocalBuilder
+from tuner.measure.builder import BUILD_TIMEOUT_S, Builder, LocalBuilder
 from tuner.measure.device_target import check_target, device_target
 from tuner.measure.local_pool import LocalPool
 from tuner.measure.pool_runner import NoDeviceError, PoolConfig, PoolRunner
@@ -154,13 +154,36 @@ class Pool:
             raise RuntimeError("the pool is not open: use it in a with block")
         return PoolRunner(self.config, evaluator, devices=self.devices, **kwargs)
 
-    def builder(self, workers: int = 2, per_unit: int = 4) -> LocalBuilder:
-        """A LocalBuilder for this pool's target (close it), on the cores the local devices are
-        not pinned to when they are, so builds do not disturb measurements."""
+    def builder(
+        self,
+        workers: int = 2,
+        per_unit: int = 4,
+        spec: str = "local",
+        timeout_s: float | None = BUILD_TIMEOUT_S,
+    ) -> Builder:
+        """A builder for this pool's target (close it).
+
+        Args:
+            workers: build processes of a local builder.
+            per_unit: candidates compiled together in one translation unit.
+            spec: "local", a LocalBuilder on the cores the local devices are not pinned to when
+                they are (so builds do not disturb measurements); or "dask://HOST:PORT", a
+                DaskBuilder on that scheduler's workers.
+            timeout_s: a unit not built this long after a worker took it is a build error.
+
+        Raises:
+            ValueError: a spec that is neither; OSError: the Dask scheduler cannot be reached.
+        """
+        if spec != "local":
+            from tuner.measure.dask_builder import DaskBuilder
+
+            return DaskBuilder(spec, target=self.target, per_unit=per_unit, timeout_s=timeout_s)
         pinned = set(self.pin_cores)
         cpus = tuple(sorted(os.sched_getaffinity(0) - pinned)) if pinned else ()
         workers = min(workers, len(cpus)) if cpus else workers
-        return LocalBuilder(target=self.target, workers=workers, per_unit=per_unit, cpus=cpus)
+        return LocalBuilder(
+            target=self.target, workers=workers, per_unit=per_unit, cpus=cpus, timeout_s=timeout_s
+        )
 
     def describe(self) -> str:
         """One line: where the devices are and what they run."""

@@ -7,6 +7,13 @@ them) and counts them toward the budget. The loop ends at the budget, when the s
 after `early_stop` trials with no better candidate, or with a `TuningError` when the first
 `give_up_after_batches` batches produced no working candidate at all.
 
+With `pipeline`, builds and measurements overlap twice over: the next batch is asked for and its
+builds started before this one is measured, and this batch's candidates are measured as their
+builds finish (`BuildStream.as_completed`, with a streaming builder: every chunk of finished
+builds goes to the runner while the rest still compile, so one slow build holds up only itself,
+and a unit past the builder's `timeout_s` is a BUILD_ERROR). A builder without `submit` builds a
+whole batch in a thread. The searcher still tells and the records are still written per batch.
+
 With `confirm=k`, the k fastest configs are measured again at the end, in `CONFIRM_ROUNDS`
 interleaved rounds, and the best is the config whose upper median over all its measurements is
 fastest (`records.best`): on a shared machine one lucky measurement of a cache-hungry tile
@@ -21,12 +28,13 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from compiler.toolchain import BuildError, get_target
 from tuner import records as rec
-from tuner.measure.builder import Builder, BuildResult
+from tuner.measure.build_stream import BuildStream, FuturesEngine
+from tuner.measure.builder import Builder, BuildResult, StreamingBuilder
 from tuner.measure.result import MeasureResult, Status
 from tuner.measure.runner import Runner
 from tuner.options import TuneOptions
@@ -211,6 +219,34 @@ def measure_built(
                 or MeasureResult.failed(Status.RUNTIME_ERROR, "the runner returned no result")
             )
     return results
+
+
+def start_build(
+    builder: Builder, task: Task, indices: Sequence[int], check: bool, thread: ThreadPoolExecutor
+) -> BuildStream:
+    """Start building `indices`: `builder.submit` for a streaming builder, else the whole batch
+    by `builder.build` on `thread` (one stream chunk when it is done)."""
+    if isinstance(builder, StreamingBuilder):
+        return builder.submit(task.workload, indices, check=check)
+    batch = thread.submit(builder.build, task.workload, list(indices), check)
+    return BuildStream([(indices, batch)], FuturesEngine())
+
+
+def measure_stream(
+    runner: Runner, indices: Sequence[int], stream: BuildStream, progress: TuneProgress
+) -> list[MeasureResult]:
+    """Measure each chunk of `stream` as it comes; one result per index, in order (a failed
+    build is a BUILD_ERROR result), with the build and measure time added to `progress`."""
+    by_index: dict[int, MeasureResult] = {}
+    try:
+        for chunk in stream.as_completed():
+            for b, r in zip(chunk, measure_built(runner, chunk, progress), strict=True):
+                by_index[b.config_index] = r
+    finally:
+        stream.cancel()  # what is left when the runner raised (Ctrl-C): its builds are dropped
+    progress.build_s += stream.seconds
+    missing = MeasureResult.failed(Status.BUILD_ERROR, "the builder returned no result")
+    return [by_index.get(i, missing) for i in indices]
 
 
 def run_batch(
@@ -421,33 +457,39 @@ def _tune(
             _LOG.warning("the searcher proposed %d measured configs", len(asked) - len(indices))
         return indices
 
-    executor = ThreadPoolExecutor(1, thread_name_prefix="kiln-build") if options.pipeline else None
-    ahead: tuple[list[int], Future[tuple[list[BuildResult], float]]] | None = None
+    # Pipelined, a batch is started (and the next asked for and started) before it is measured.
+    thread = ThreadPoolExecutor(1, thread_name_prefix="kiln-build") if options.pipeline else None
+    ahead: tuple[list[int], BuildStream] | None = None
     try:
         while progress.trials < n_trials:
             if early_stop is not None and progress.trials - progress.best_at >= early_stop:
                 progress.stop_reason = f"no better candidate in {early_stop} trials"
                 break
+            stream: BuildStream | None = None
             if ahead is None:
                 indices = ask(n_trials - progress.trials)
                 if not indices:
                     progress.stop_reason = "the config space is exhausted"
                     break
-                built, seconds = timed_build(builder, task, indices, options.check)
+                if thread is not None:
+                    stream = start_build(builder, task, indices, options.check, thread)
             else:
-                indices, future = ahead
+                indices, stream = ahead
                 ahead = None
-                built, seconds = future.result()
-            progress.build_s += seconds
-            room = n_trials - progress.trials - len(indices)
-            if executor is not None and room > 0:
-                following = ask(room, indices)
+            if stream is None:
+                built, seconds = timed_build(builder, task, indices, options.check)
+                progress.build_s += seconds
+                results = measure_built(runner, built, progress)
+            else:
+                assert thread is not None
+                room = n_trials - progress.trials - len(indices)
+                following = ask(room, indices) if room > 0 else []
                 if following:
                     ahead = (
                         following,
-                        executor.submit(timed_build, builder, task, following, options.check),
+                        start_build(builder, task, following, options.check, thread),
                     )
-            results = measure_built(runner, built, progress)
+                results = measure_stream(runner, indices, stream, progress)
             stamp = rec.now_iso()
             batch = [
                 rec.Record(task.workload, target, i, task.knobs(i), r, task.flop, stamp, space_size)
@@ -472,8 +514,10 @@ def _tune(
         else:
             progress.stop_reason = "trial budget reached"
     finally:
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)  # a batch built ahead is dropped
+        if ahead is not None:
+            ahead[1].cancel()  # a batch built ahead is dropped
+        if thread is not None:
+            thread.shutdown(wait=True)  # a plain builder's batch in flight ends first
     tick()
     if progress.best is None:
         raise TuningError(

@@ -19,13 +19,14 @@ from kiln.cli.errors import CliError
 if TYPE_CHECKING:
     from kiln.pool import Pool
     from protos.auth import TlsFiles
-    from tuner.measure.builder import LocalBuilder
+    from tuner.measure.builder import Builder
     from tuner.measure.result import EvaluatorConfig
     from tuner.options import TuneOptions
     from tuner.records import RecordStore
 
 TUNERS = ("xgb", "random")  # tuner.search.TUNERS, named here without importing the tuner
 CONFIRM_TOP = 4  # tuner.options.CONFIRM_TOP
+BUILD_TIMEOUT_S = 300.0  # tuner.measure.builder.BUILD_TIMEOUT_S
 
 
 class ExamplesFormatter(argparse.RawDescriptionHelpFormatter):
@@ -74,6 +75,19 @@ def positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"want a positive number of seconds, got {text!r}")
     return value
+
+
+def builder_spec(text: str) -> str:
+    """`local` or `dask://HOST:PORT`."""
+    if text == "local":
+        return text
+    from tuner.measure.dask_builder import scheduler_address
+
+    try:
+        scheduler_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"want local or dask://HOST:PORT: {exc}") from None
+    return text
 
 
 def tags(items: Sequence[str]) -> dict[str, str]:
@@ -177,7 +191,24 @@ def add_tuning_args(p: argparse.ArgumentParser, early_stop_default: int | None =
     )
     b = p.add_argument_group("build")
     add_target_arg(b)  # type: ignore[arg-type]
-    b.add_argument("--build-workers", type=int, default=2, help="build processes")
+    b.add_argument(
+        "--builder",
+        type=builder_spec,
+        default="local",
+        metavar="local|dask://HOST:PORT",
+        help="local: build processes on this machine (default); dask://HOST:PORT: tasks on the "
+        "workers of that Dask scheduler (`dask scheduler`, `dask worker`)",
+    )
+    b.add_argument(
+        "--build-workers", type=int, default=2, help="build processes (with --builder local)"
+    )
+    b.add_argument(
+        "--build-timeout-s",
+        type=positive_seconds,
+        default=BUILD_TIMEOUT_S,
+        help=f"a unit of candidates not built this long after a worker took it is a build "
+        f"error (default {BUILD_TIMEOUT_S:.0f})",
+    )
     b.add_argument(
         "--per-unit", type=int, default=4, help="candidates compiled together in one gcc call"
     )
@@ -333,6 +364,21 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
     return pool
 
 
-def builder(args: argparse.Namespace, pool: Pool) -> LocalBuilder:
-    """The local builder of the build flags, for the pool's target (close it)."""
-    return pool.builder(workers=args.build_workers, per_unit=args.per_unit)
+def builder(args: argparse.Namespace, pool: Pool) -> Builder:
+    """The builder of the build flags, for the pool's target (close it); a Dask scheduler that
+    cannot be reached is an error (exit status 1)."""
+    spec = getattr(args, "builder", "local")
+    try:
+        built = pool.builder(
+            workers=args.build_workers,
+            per_unit=args.per_unit,
+            spec=spec,
+            timeout_s=getattr(args, "build_timeout_s", BUILD_TIMEOUT_S),
+        )
+    except OSError as exc:
+        raise CliError(f"--builder {spec}: {exc}") from None
+    if spec != "local":
+        workers = getattr(built, "workers", None)
+        threads = f", {workers()} worker threads" if callable(workers) else ""
+        print(f"builder: Dask scheduler {spec}{threads}", file=sys.stderr)
+    return built

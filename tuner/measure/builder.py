@@ -15,14 +15,14 @@ source, compiler identity and flags ($KILN_CACHE_DIR, else ~/.cache/kiln/build);
 points the builder's compiles at another directory. A unit is a cache hit when the same configs
 are built together again (a resumed run asks for the same batches).
 
-Pipelining: `build_async(workload, indices)` returns a Future of the same list `build` returns, so
-a tuning loop can build batch i+1 while batch i is measured::
+Streaming: `submit(workload, indices)` starts a batch's units and returns a `BuildStream` at once
+(`tuner.measure.build_stream`): its results come back as units finish, each unit with a
+per-build timeout (`timeout_s`), so a tuning loop measures the first candidates of a batch while
+the rest compile, and builds the next batch meanwhile. A builder with `submit` is a
+`StreamingBuilder`; `LocalBuilder` and `tuner.measure.dask_builder.DaskBuilder` are. The
+timeout cannot stop a unit running in a worker process: it runs on, its result dropped.
 
-    pending = builder.build_async(workload, first)
-    while ...:
-        built = pending.result()
-        pending = builder.build_async(workload, next_indices)  # compiles during the measuring
-        results = runner.run([b.artifact for b in built if b.artifact is not None])
+`build_async(workload, indices)` returns a Future of the list `build` returns (whole batches).
 """
 
 from __future__ import annotations
@@ -35,29 +35,17 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from compiler import build as compiler_build
 from compiler.artifact import Artifact
 from compiler.ops.reference import reference_kernel, reference_symbol
 from compiler.toolchain import CACHE_ENV
+from tuner.measure.build_stream import BuildResult, BuildStream, FuturesEngine
 from tuner.measure.runner import Reference
 from tuner.records import Workload
 from tuner.task import Task
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """One candidate: its artifact (own entry first), or None with the error that stopped it;
-    with the builder's `check`, the reference kernel its outputs are checked against."""
-
-    config_index: int
-    artifact: Artifact | None
-    error: str = ""
-    reference: Reference | None = None
-
 
 # The check's tolerance: |got - ref| <= atol + rtol * |ref| per output element, with atol grown
 # with the square root of the terms each output sums (R = flop / 2 per output), as float32
@@ -203,6 +191,24 @@ class Builder(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class StreamingBuilder(Builder, Protocol):
+    """A builder that starts a batch and hands its results back as they finish."""
+
+    timeout_s: float | None
+
+    def submit(
+        self, workload: Workload, indices: Sequence[int], check: bool = False
+    ) -> BuildStream:
+        """Start building `indices` (units of `per_unit`); each unit fails after `timeout_s`."""
+        ...
+
+
+# A unit of four Winograd candidates took about a minute to lower and compile: five times that
+# is a build that went wrong, not a slow one.
+BUILD_TIMEOUT_S = 300.0
+
+
 def _init_worker(cache_dir: str | None, cpus: tuple[int, ...]) -> None:
     """Runs first in every build worker: its cache directory and the cores it (and gcc) may use."""
     if cache_dir is not None:
@@ -257,6 +263,8 @@ class LocalBuilder:
         cache_dir: the compile cache directory (None: $KILN_CACHE_DIR, else ~/.cache/kiln/build).
         cpus: cores the build workers and their compilers may run on (empty: any), e.g. to keep
             builds off the core a local agent is pinned to.
+        timeout_s: a unit not built this long after a worker took it is a BUILD_ERROR (None:
+            no limit). A batch built in this process (`build` with one worker) has none.
 
     Raises:
         ValueError: workers or per_unit below 1, or a core this process may not use.
@@ -269,6 +277,7 @@ class LocalBuilder:
         per_unit: int = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cpus: Sequence[int] = (),
+        timeout_s: float | None = BUILD_TIMEOUT_S,
     ) -> None:
         if workers < 1 or per_unit < 1:
             raise ValueError(f"workers and per_unit must be >= 1, got {workers} and {per_unit}")
@@ -280,6 +289,7 @@ class LocalBuilder:
             )
         self.target = target
         self.per_unit = per_unit
+        self.timeout_s = timeout_s
         self._cache_dir = None if cache_dir is None else str(Path(cache_dir))
         self._pool: ProcessPoolExecutor | None = None
         self._async: ThreadPoolExecutor | None = None
@@ -302,20 +312,44 @@ class LocalBuilder:
         """One BuildResult per index, in order; never raises for a bad config. With `check`,
         each result carries its reference kernel (`BuildResult.reference`), for the device to
         check the candidate's outputs against."""
-        units = self.units(indices)
         if self._pool is None:
             with _cache_env(self._cache_dir):
+                units = self.units(indices)
                 return [r for u in units for r in build_unit(workload, u, self.target, check)]
-        futures = [self._pool.submit(build_unit, workload, u, self.target, check) for u in units]
-        return [r for f in futures for r in f.result()]
+        built = self.submit(workload, indices, check).results()
+        if self._pool is None:  # closed meanwhile: the failures that came back are the close's
+            raise RuntimeError("the builder was closed while it built")
+        return built
+
+    def submit(
+        self, workload: Workload, indices: Sequence[int], check: bool = False
+    ) -> BuildStream:
+        """Start building `indices`, one task per unit, and return at once; the stream hands
+        results back as units finish. Units run in the worker processes (with one worker and no
+        pinning: one at a time in a thread of this process), in the order submitted."""
+        units = self.units(indices)
+        if self._pool is not None:
+            pool = self._pool
+            tasks = [pool.submit(build_unit, workload, u, self.target, check) for u in units]
+        else:
+            thread = self._thread()
+            tasks = [thread.submit(self._build_here, workload, u, check) for u in units]
+        return BuildStream(zip(units, tasks, strict=True), FuturesEngine(), self.timeout_s)
+
+    def _build_here(self, workload: Workload, unit: list[int], check: bool) -> list[BuildResult]:
+        with _cache_env(self._cache_dir):
+            return build_unit(workload, unit, self.target, check)
+
+    def _thread(self) -> ThreadPoolExecutor:
+        if self._async is None:
+            self._async = ThreadPoolExecutor(1, thread_name_prefix="kiln-build")
+        return self._async
 
     def build_async(
         self, workload: Workload, indices: Sequence[int], check: bool = False
     ) -> Future[list[BuildResult]]:
         """Start building; the Future gives what `build` would. Builds run one batch at a time."""
-        if self._async is None:
-            self._async = ThreadPoolExecutor(1, thread_name_prefix="kiln-build")
-        return self._async.submit(self.build, workload, list(indices), check)
+        return self._thread().submit(self.build, workload, list(indices), check)
 
     def close(self) -> None:
         """Stop the build workers now: a build still running is abandoned, its worker ended.

@@ -1,0 +1,302 @@
+"""Throughput of the whole tuning loop, local builder vs a Dask cluster of the same cores, and what
+one candidate costs at each step.
+
+    .venv/bin/python benchmarks/throughput.py [--trials 64] [--batch 8] [--samples 16]
+
+Loop: `tune()` (XGBoost-guided search, pipelined: builds stream into measurement as they finish,
+on-device check on, records appended to a JSON-lines file) of dense 256 and a ResNet-18 conv
+(3x3, 64 channels at 56x56, `conv2d_nchwc`) on an embedded pool of two agents (one device each,
+real tracker, leases, uploads, native timing with the CLI's defaults: 3 repeats of at least
+20 ms). Once with `LocalBuilder` (build processes = the cores this process may use, 4 candidates
+per unit) and once with `DaskBuilder` on a `distributed.LocalCluster` of as many worker
+processes (one thread each) on 127.0.0.1; which goes first alternates by workload. Every run
+builds into an empty compile cache, and its workers are warmed (imports) before the clock.
+Both build for this machine's target class (what a Dask builder resolves "host" to).
+candidates/s = trials / wall time of `tune()`.
+
+Per-candidate costs (the "Scaling on paper" note in README.md uses them): for each template
+(dense, conv2d_nchwc, and conv2d_winograd_nchwc on the same ResNet-18 layer), `--samples` random
+plausible configs: lowering (instantiate the schedule, lower to loop IR, render C) and compiling
+(gcc, empty cache) one candidate alone, p50 and p95; upload: one quick call of each of those
+dense artifacts with its upload less one without; measure: each timed as the loop times it.
+
+Ends with one line (the loop figures are dense 256's; lower_p95_s / compile_p95_s the worst
+template's):
+    throughput: candidates_per_s_local=<x> candidates_per_s_dask=<x> lower_p95_s=<s> compile_p95_s=<s>
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from distributed import LocalCluster
+
+from compiler import build as compiler_build
+from compiler.artifact import Artifact
+from compiler.toolchain import CACHE_ENV, compile_shared, host_target_name
+from tuner.loop import tune
+from tuner.measure import EvaluatorConfig
+from tuner.measure.builder import Builder, LocalBuilder
+from tuner.measure.dask_builder import DaskBuilder
+from tuner.measure.local_pool import LocalPool
+from tuner.measure.pool_runner import PoolConfig, PoolRunner
+from tuner.options import TuneOptions
+from tuner.records import Workload
+from tuner.task import Task
+
+DENSE = Workload("dense", (256, 256, 256))
+CONV = Workload("conv2d_nchwc", (1, 64, 56, 56, 64, 3, 3, 1, 1, 1))
+WINOGRAD = Workload("conv2d_winograd_nchwc", (1, 64, 56, 56, 64, 3, 3, 1, 1, 1))
+LOOP_CASES = (("dense 256", DENSE), ("resnet18 conv 64@56", CONV))
+WARM_UP = Workload("matmul", (16, 16, 16))
+EVALUATOR = EvaluatorConfig(repeat=3, min_repeat_ms=20.0, timeout_s=30.0)  # `kiln tune-op`'s
+QUICK = EvaluatorConfig(warmup=0, repeat=1, min_repeat_ms=0.0)  # one call: what an upload adds
+PER_UNIT = 4
+
+
+@dataclass(frozen=True)
+class LoopRun:
+    builder: str
+    case: str
+    trials: int
+    wall_s: float
+    build_s: float
+    measure_s: float
+    search_s: float
+    ok: int
+
+    @property
+    def per_s(self) -> float:
+        return self.trials / self.wall_s
+
+
+@contextmanager
+def local_builder(cores: int, cache: str, target: str) -> Iterator[Builder]:
+    builder = LocalBuilder(target=target, workers=cores, per_unit=PER_UNIT, cache_dir=cache)
+    try:
+        yield builder
+    finally:
+        builder.close()
+
+
+@contextmanager
+def dask_builder(cores: int, cache: str, target: str) -> Iterator[Builder]:
+    with LocalCluster(
+        n_workers=cores,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        scheduler_port=0,
+        dashboard_address="127.0.0.1:0",
+        silence_logs=logging.ERROR,
+        env={CACHE_ENV: cache},
+    ) as cluster:
+        builder = DaskBuilder(cluster.scheduler_address, target=target, per_unit=PER_UNIT)
+        try:
+            yield builder
+        finally:
+            builder.close()
+
+
+def loop_run(
+    name: str,
+    make: Callable[[int, str, str], AbstractContextManager[Builder]],
+    case: str,
+    workload: Workload,
+    config: PoolConfig,
+    args: argparse.Namespace,
+    target: str,
+) -> LoopRun:
+    task = Task(workload)
+    with (
+        tempfile.TemporaryDirectory(prefix="kiln-throughput-") as tmp,
+        make(args.cores, str(Path(tmp) / "cache"), target) as builder,
+    ):
+        builder.build(WARM_UP, list(range(args.cores * PER_UNIT)))  # imports, process starts
+        runner = PoolRunner(config, EVALUATOR, devices=2)
+        try:
+            t0 = time.perf_counter()
+            progress = tune(
+                task,
+                builder,
+                runner,
+                TuneOptions(trials=args.trials, batch_size=args.batch, pipeline=True, confirm=0),
+                records=Path(tmp) / "records.jsonl",
+            )
+            wall = time.perf_counter() - t0
+        finally:
+            runner.close()
+    ok = sum(r.result.ok for r in progress.history)
+    run = LoopRun(
+        name,
+        case,
+        progress.trials,
+        wall,
+        progress.build_s,
+        progress.measure_s,
+        progress.search_s,
+        ok,
+    )
+    print(
+        f"  {case:<22} {name:<6} {run.trials} trials in {wall:5.1f} s = {run.per_s:5.1f}/s "
+        f"({ok} ok)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return run
+
+
+@contextmanager
+def fresh_cache() -> Iterator[None]:
+    saved = os.environ.get(CACHE_ENV)
+    with tempfile.TemporaryDirectory(prefix="kiln-throughput-cache-") as cache:
+        os.environ[CACHE_ENV] = cache
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop(CACHE_ENV, None)
+            else:
+                os.environ[CACHE_ENV] = saved
+
+
+def step_costs(
+    workload: Workload, samples: int, target: str, keep: list[Artifact] | None = None
+) -> tuple[list[float], list[float]]:
+    """Seconds to lower (schedule -> loop IR -> C) and to compile one candidate alone, for
+    `samples` random plausible configs of `workload`; their artifacts go to `keep`."""
+    task = Task(workload)
+    rng = random.Random(0)
+    configs: list[int] = []
+    for _ in range(200 * samples):
+        if len(configs) == samples:
+            break
+        i = rng.randrange(len(task.space))
+        if i not in configs and task.worth_measuring(i, target):
+            configs.append(i)
+    lower, compile_ = [], []
+    with fresh_cache():
+        for i in configs:
+            t0 = time.perf_counter()
+            sch, tensors = task.template.instantiate(workload.shape, task.space.get(i))
+            kernel = compiler_build.Kernel(sch, tensors, f"kiln_bench_c{i}", task.flop)
+            source = compiler_build.build_source_many([kernel], target)
+            t1 = time.perf_counter()
+            compile_shared(source, target)
+            t2 = time.perf_counter()
+            lower.append(t1 - t0)
+            compile_.append(t2 - t1)
+            if keep is not None:
+                keep.append(compiler_build.build_many([kernel], target))  # from the cache
+    return lower, compile_
+
+
+def upload_and_measure(arts: list[Artifact], config: PoolConfig) -> tuple[float, float]:
+    """Median seconds per candidate on one device: its upload (one quick call with the upload,
+    less one without) and its measurement as the loop times it (cached)."""
+    runner = PoolRunner(config, QUICK, devices=1)
+    upload, measure = [], []
+    try:
+        runner.run(arts[:1])  # the lease
+        for art in arts[1:]:
+            runner.evaluator = QUICK
+            t0 = time.perf_counter()
+            runner.run([art])
+            t1 = time.perf_counter()
+            runner.run([art])
+            t2 = time.perf_counter()
+            runner.evaluator = EVALUATOR
+            runner.run([art])
+            t3 = time.perf_counter()
+            upload.append((t1 - t0) - (t2 - t1))
+            measure.append(t3 - t2)
+    finally:
+        runner.close()
+    return max(0.0, statistics.median(upload)), statistics.median(measure)
+
+
+def p(values: list[float], q: int) -> float:
+    """The q-th percentile of `values`."""
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=64, help="trials per loop run")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=16, help="configs per template costed")
+    args = parser.parse_args()
+    args.cores = len(os.sched_getaffinity(0))
+    target = host_target_name()
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+
+    print(f"{args.cores} cores, target {target}; lowering and compile costs", file=sys.stderr)
+    costs: dict[str, tuple[list[float], list[float]]] = {}
+    dense_arts: list[Artifact] = []
+    for workload in (DENSE, CONV, WINOGRAD):
+        keep = dense_arts if workload is DENSE else None
+        costs[workload.op] = step_costs(workload, args.samples, target, keep)
+
+    runs: list[LoopRun] = []
+    with LocalPool(key="bench-throughput", agents=2, devices_per_agent=1) as pool:
+        config = PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token)
+        upload_s, measure_s = upload_and_measure(dense_arts, config)
+        builders = [("local", local_builder), ("dask", dask_builder)]
+        for n, (case, workload) in enumerate(LOOP_CASES):
+            for name, make in builders if n % 2 == 0 else builders[::-1]:
+                runs.append(loop_run(name, make, case, workload, config, args, target))
+
+    print(
+        f"\nwhole loop, {args.trials} trials in batches of {args.batch}, 2 agents, {args.cores} cores"
+    )
+    head = f"{'case':<22} {'builder':<8} {'cand/s':>7} {'wall s':>7} {'build s':>8} {'measure s':>9} {'search s':>8} {'ok':>4}"
+    print(head)
+    for r in runs:
+        print(
+            f"{r.case:<22} {r.builder:<8} {r.per_s:7.1f} {r.wall_s:7.1f} {r.build_s:8.1f} "
+            f"{r.measure_s:9.1f} {r.search_s:8.1f} {r.ok:4d}"
+        )
+    print(f"\nper candidate, alone, empty cache ({args.samples} configs per template)")
+    print(
+        f"{'template':<24} {'lower p50':>10} {'lower p95':>10} {'compile p50':>12} {'compile p95':>12}"
+    )
+    for op, (lower, comp) in costs.items():
+        print(
+            f"{op:<24} {p(lower, 50):9.3f}s {p(lower, 95):9.3f}s {p(comp, 50):11.3f}s "
+            f"{p(comp, 95):11.3f}s"
+        )
+    print(
+        f"dense 256 on one device: upload {upload_s * 1e3:.1f} ms, measure {measure_s * 1e3:.1f} ms "
+        f"(median of {len(dense_arts) - 1})"
+    )
+    searches = [r.search_s / r.trials for r in runs]
+    print(
+        f"search (ask + tell) per candidate: {statistics.median(searches) * 1e3:.1f} ms (median of runs)"
+    )
+    dense = {r.builder: r for r in runs if r.case == LOOP_CASES[0][0]}
+    lower_p95 = max(p(lower, 95) for lower, _ in costs.values())
+    compile_p95 = max(p(comp, 95) for _, comp in costs.values())
+    print(
+        f"throughput: candidates_per_s_local={dense['local'].per_s:.1f} "
+        f"candidates_per_s_dask={dense['dask'].per_s:.1f} lower_p95_s={lower_p95:.3f} "
+        f"compile_p95_s={compile_p95:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
