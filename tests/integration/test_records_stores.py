@@ -90,6 +90,19 @@ def test_append_load_and_best_by_workload_and_target(store: RecordStore) -> None
     assert store.best(WL, "riscv64") is None
 
 
+def test_thread_counts_are_kept_apart_and_no_count_means_one(store: RecordStore) -> None:
+    two = rec.records_target(TARGET, 2)
+    one_thread, two_threads = make(1, 1e-6), make(2, 3e-3, target=two)
+    spelled_out = make(3, 2e-3, target=f"{TARGET}/threads=1")  # stored as the bare name
+    store.append([one_thread, two_threads, spelled_out])
+    assert store.load(WL, two) == [two_threads]
+    assert store.best(WL, two) == two_threads  # the far faster 1-thread record never counts
+    assert store.load(WL, f"{TARGET}/threads=1") == [one_thread, spelled_out]
+    assert store.best(WL, TARGET) == one_thread
+    assert store.load(target=two) == [two_threads]
+    assert store.best(WL, rec.records_target(TARGET, 4)) is None
+
+
 class SymbolBuilder:
     """Artifacts (not shared objects) whose entry symbol ends in the config index, no compiler."""
 

@@ -4,6 +4,11 @@ An agent tags each device with `backend`, `arch` (platform.machine() or the emul
 `features` (the CPU's ISA flags that matter for code generation) and `cpu` (its model name).
 A device of this very machine's kind (same target class and CPU model) gets "host", which builds
 with -march=native; any other gets the named class (x86_64-avx512, x86_64-avx2, aarch64-neon).
+
+A device may also say how many threads it runs one kernel on (`threads`: an agent pinned to a
+core set tags it with the set's size); records of that device carry the count in their target
+(`device_records_target`: "x86_64-avx512/threads=4"), so tuning for one thread count is never
+applied to another. A device without the tag runs kernels on one thread.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Mapping
 
 from compiler.toolchain import TARGETS, BuildError, get_target, host_target_name
 from protos.hostinfo import cpu_tags
+from tuner.records.record import records_target
 
 # What each named target needs of a device: its arch and these features (empty: the base ISA).
 _NEEDS: dict[str, frozenset[str]] = {
@@ -87,6 +93,36 @@ def check_target(target: str, tags: Mapping[str, str], device: str = "the device
             f"(features={tags.get('features')}); it runs {device_target(tags)}"
         )
     return target
+
+
+def device_threads(tags: Mapping[str, str]) -> int:
+    """The threads a device with `tags` runs one kernel on: its `threads` tag, else 1.
+
+    Raises:
+        TargetError: the tag is not a whole number of at least 1.
+    """
+    text = tags.get("threads")
+    if text is None:
+        return 1
+    if not text.strip().isdigit() or int(text) < 1:
+        raise TargetError(f"device tag threads={text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def device_records_target(tags: Mapping[str, str], target: str | None = None) -> str:
+    """The target records of a device with `tags` carry: the resolved name of `target` (default:
+    `device_target(tags)`; "host" resolves to this machine's class) and the device's thread count.
+
+    Raises:
+        TargetError: as `device_target`, `check_target` (for a `target` given) and
+            `device_threads`.
+    """
+    name = device_target(tags) if target is None else check_target(target, tags)
+    try:
+        resolved = get_target(name).name
+    except BuildError as exc:
+        raise TargetError(str(exc)) from None
+    return records_target(resolved, device_threads(tags))
 
 
 def _host_arch() -> str:

@@ -2,6 +2,7 @@
 
     result = tune_network("net.onnx", builder, runner, TuneOptions(trials=512), store=store)
     configs = configs_from_records(graph, store, "host")     # what build_model takes
+    configs = configs_from_records(graph, store, "host", threads=4)  # of 4-thread records only
 
 The graph is optimized and fused as `build_model` does, and cut into tasks (`extract_tasks`).
 Specs without a template are reported in `ModelTuneResult.skipped` (with their reason) and built
@@ -400,17 +401,27 @@ LAYOUT_SECONDS_PER_BYTE = 1e-10
 BLOCK_CHANGE_MARGIN = 0.15
 
 
-def configs_from_records(graph: Graph, store: RecordStore, target: str) -> dict[TaskKey, Config]:
+def configs_from_records(
+    graph: Graph, store: RecordStore, target: str, threads: int | None = None
+) -> dict[TaskKey, Config]:
     """The best recorded config of each tunable task of `graph` on `target`, as `build_model` takes.
 
-    Only records of today's config space (`space_size` checked) count; a task without one is
-    left out, so the builder uses its default. A config with other channel blocks than the
-    default layout's is taken only when it beats the best that keeps them by more than the
-    conversions it brings cost (`layout_cost_s`) plus `BLOCK_CHANGE_MARGIN` of the
+    Only records of today's config space (`space_size` checked) and of the build's thread count
+    are used: `threads`, else the count `target` carries ("host/threads=4"), else one thread (so
+    records without a count, all tuned on one thread, serve one-thread builds only). A task
+    without one is left out, so the builder uses its default. A config with other channel blocks
+    than the default layout's is taken only when it beats the best that keeps them by more than
+    the conversions it brings cost (`layout_cost_s`) plus `BLOCK_CHANGE_MARGIN` of the
     block-keeping config's time, or none keeps them.
+
+    Raises:
+        ValueError: `threads` contradicts the count `target` carries, or is below 1.
     """
     configs: dict[TaskKey, Config] = {}
-    resolved = target_name(target)
+    base, carried = rec.split_threads(target)
+    if threads is not None and rec.THREADS_MARK in target and threads != carried:
+        raise ValueError(f"target {target!r} carries {carried} threads, the build asks {threads}")
+    resolved = rec.records_target(target_name(base), carried if threads is None else threads)
     tunable, _ = model_tasks(graph)
     for mt in tunable:
         size = len(mt.task.space)

@@ -18,6 +18,7 @@ from tuner.records.file import FileRecords
 from tuner.records.record import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
+    THREADS_MARK,
     BestConfig,
     Record,
     RecordFormatError,
@@ -25,18 +26,22 @@ from tuner.records.record import (
     append,
     apply_best,
     best,
+    canonical_target,
     dumps,
     load,
     matches,
     matches_pair,
     now_iso,
     parse,
+    records_target,
     settled_time,
+    split_threads,
 )
 
 __all__ = [
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
+    "THREADS_MARK",
     "BestConfig",
     "FileRecords",
     "Record",
@@ -47,6 +52,7 @@ __all__ = [
     "append",
     "apply_best",
     "best",
+    "canonical_target",
     "dumps",
     "is_redis_url",
     "load",
@@ -55,7 +61,9 @@ __all__ = [
     "now_iso",
     "open_store",
     "parse",
+    "records_target",
     "settled_time",
+    "split_threads",
 ]
 
 

@@ -26,11 +26,13 @@ class RecordStore(Protocol):
     def load(
         self, workload: rec.Workload | None = None, target: str | None = None
     ) -> list[rec.Record]:
-        """The readable records of `workload` on `target` (None: any), in the order appended."""
+        """The readable records of `workload` on `target` (None: any), in the order appended;
+        `target` with its thread count (`record.records_target`; none: one thread)."""
         ...
 
     def best(self, workload: rec.Workload, target: str) -> rec.Record | None:
-        """The fastest OK record of `workload` on `target`; never one of another target."""
+        """The fastest OK record of `workload` on `target`; never one of another target or of
+        another thread count."""
         ...
 
     def close(self) -> None:

@@ -17,6 +17,13 @@ status and the device it ran on at top level, for grep and for summaries.
 Version 1 (read, migrated on read) had no `space_size`, no top-level `status`/`device`, and kept the
 device as `result.device_id`.
 
+`target` names the compiler target and, when the kernel ran on more than one thread, the thread
+count: "x86_64-avx512/threads=4" (`records_target`). One thread is the bare name, which is also
+what every record written before thread counts existed says (all of them ran on one thread), so
+those keep their meaning with no migration. A record read or made with "/threads=1" is stored as
+the bare name. Matching compares whole targets, so a record tuned for one thread count is never
+applied to another.
+
 Readers skip lines they cannot parse or whose version is newer than they know, with a warning that
 names the file and line, so a torn last line or a future writer never breaks an old reader.
 """
@@ -41,6 +48,42 @@ READABLE_VERSIONS = (1, 2)
 
 class RecordFormatError(ValueError):
     """A record object that this reader cannot turn into a Record; the message says why."""
+
+
+THREADS_MARK = "/threads="
+
+
+def records_target(target: str, threads: int = 1) -> str:
+    """The target a record of `target` (a resolved compiler target's name) on `threads` threads
+    carries: the bare name for one thread, "NAME/threads=N" for more.
+
+    Raises:
+        ValueError: `target` already carries a thread count, or `threads` is below 1.
+    """
+    if THREADS_MARK in target:
+        raise ValueError(f"target {target!r} already carries a thread count")
+    if threads < 1:
+        raise ValueError(f"a kernel runs on at least one thread, not {threads}")
+    return target if threads == 1 else f"{target}{THREADS_MARK}{threads}"
+
+
+def split_threads(target: str) -> tuple[str, int]:
+    """(compiler target, thread count) of a records target; no count means one thread.
+
+    Raises:
+        ValueError: the count is not a whole number of at least 1.
+    """
+    base, mark, count = target.partition(THREADS_MARK)
+    if not mark:
+        return target, 1
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"target {target!r}: the thread count must be a whole number >= 1")
+    return base, int(count)
+
+
+def canonical_target(target: str) -> str:
+    """`target` spelled as records store it ("NAME/threads=1" is "NAME")."""
+    return records_target(*split_threads(target))
 
 
 @dataclass(frozen=True)
@@ -80,6 +123,15 @@ class Record:
     timestamp: str
     space_size: int = field(default=0)
     confirmation: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        # one spelling per (target, threads), so equal targets compare equal (and key alike)
+        object.__setattr__(self, "target", canonical_target(self.target))
+
+    @property
+    def threads(self) -> int:
+        """The threads the candidate ran on (1 for every record without a count)."""
+        return split_threads(self.target)[1]
 
     @property
     def gflops(self) -> float:
@@ -206,9 +258,10 @@ def matches(record: Record, workload: Workload | None = None, target: str | None
 def matches_pair(
     workload: Workload, target: str, want_workload: Workload | None, want_target: str | None
 ) -> bool:
-    """Whether (workload, target) is what was asked for (None: anything)."""
+    """Whether (workload, target) is what was asked for (None: anything); targets match with
+    their thread counts, a target without one meaning one thread."""
     return (want_workload is None or workload == want_workload) and (
-        want_target is None or target == want_target
+        want_target is None or canonical_target(target) == canonical_target(want_target)
     )
 
 
@@ -234,7 +287,8 @@ def best(
     Args:
         records: any records, of any workloads and targets.
         workload: the workload wanted.
-        target: the target wanted, by its resolved name (e.g. "x86_64-avx512", not "host").
+        target: the target wanted, by its resolved name (e.g. "x86_64-avx512", not "host"),
+            with its thread count ("x86_64-avx512/threads=2"; none: one thread).
         space_size: when given, records of a config space of another (known) size are ignored,
             because their index means another config in today's space.
     """
@@ -266,7 +320,8 @@ def apply_best(
 ) -> BestConfig | None:
     """The best config of `workload` on `target` from `records`, or None if none was measured OK.
 
-    Records of another target never apply, however fast they were.
+    Records of another target, or of the same one on another thread count, never apply,
+    however fast they were.
     """
     b = best(records, workload, target, space_size)
     if b is None:

@@ -104,7 +104,7 @@ class RedisRecords:
     ) -> list[rec.Record]:
         """The readable records of `workload` on `target` (None: any), in append order per pair."""
         if workload is not None and target is not None:
-            pairs = [(workload, target)]
+            pairs = [(workload, rec.canonical_target(target))]  # the spelling records are keyed by
         else:
             pairs = [(w, t) for w, t in self.pairs() if rec.matches_pair(w, t, workload, target)]
         out: list[rec.Record] = []
