@@ -371,19 +371,27 @@ def run_tvm(args: argparse.Namespace, workdir: Path) -> Result:
 def replica_handoff(redis_url: str, rounds: int = 50) -> list[float]:
     """ms from a release on one replica to the grant of that device to a waiter on another.
 
-    Two DevicePools in this process over one Redis, no reaper: the waiter learns of the release
-    only through the store's pub/sub channel (the reaper's sweep is the fallback, every 0.5 s).
+    Two DevicePools in this process over one Redis, each on an event loop of its own (as in two
+    tracker processes), no reaper: the waiter learns of the release only through the store's
+    pub/sub channel (the reaper's sweep is the fallback, every 0.5 s).
     """
+    from protos.aio_loop import LoopThread
     from tracker.config import TrackerConfig
     from tracker.model import DeviceSpec, LeaseRequest
     from tracker.pool import DevicePool
     from tracker.store import open_store
+    from tracker.testing import Blocking, BlockingPool
 
-    stores = [open_store(redis_url + "handoff:"), open_store(redis_url + "handoff:")]
-    waiting_side, releasing_side = (DevicePool(store, TrackerConfig()) for store in stores)
-    releasing_side.register("handoff-agent", "127.0.0.1:1", [DeviceSpec("", "handoff")])
+    loops = [LoopThread("handoff-waiting"), LoopThread("handoff-releasing")]
+    stores = [Blocking(open_store(redis_url + "handoff:"), loop) for loop in loops]
+    waiting_side, releasing_side = (
+        BlockingPool(DevicePool(store.target, TrackerConfig()), store.loop) for store in stores
+    )
     times: list[float] = []
     try:
+        for pool in (waiting_side, releasing_side):
+            pool.start()
+        releasing_side.register("handoff-agent", "127.0.0.1:1", [DeviceSpec("", "handoff")])
         for index in range(rounds):
             held = releasing_side.acquire(LeaseRequest(key="handoff")).lease
             assert held is not None
@@ -410,6 +418,8 @@ def replica_handoff(redis_url: str, rounds: int = 50) -> list[float]:
             pool.close()
         for store in stores:
             store.close()
+        for loop in loops:
+            loop.stop()
     return times
 
 

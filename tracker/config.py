@@ -27,13 +27,6 @@ class TrackerConfig:
     """Longer Acquire timeouts are clamped to this: no request waits forever."""
     reap_interval_s: float = 0.5
     """How often the reaper looks for silent agents and expired leases."""
-    agent_workers: int = 4
-    """Threads that run Register and Heartbeat on a store that blocks (redis); agents have their
-    own, so no flood of client calls can delay a heartbeat. A waiting Acquire holds no thread."""
-    client_workers: int = 16
-    """Threads that run the other calls (Acquire's grant attempts, Renew, Release, ListDevices) on a
-    store that blocks; with one that never blocks (memory) only ListDevices, the rest run on the
-    event loop."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     store: str = "memory"
     """Store: "memory" or a Redis URL (redis://, rediss://, redis+unix://; see tracker.store)."""

@@ -16,8 +16,8 @@ Exposed at http://<host>:<metrics-port>/metrics:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -29,6 +29,10 @@ from tracker.pool import DevicePool
 
 _LOG = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+RunOnLoop = Callable[[Coroutine[Any, Any, _T]], _T]
+"""Runs a coroutine on the pool's event loop from the scraping thread and returns its result."""
+
 # Acquire waits run from sub-millisecond grants to the queue limit (an hour); buckets span both.
 _WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
 
@@ -36,8 +40,9 @@ _WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.
 class _PoolCollector(Collector):
     """Devices by key and state and queue depth per key, read from the pool on every scrape."""
 
-    def __init__(self, pool: DevicePool) -> None:
+    def __init__(self, pool: DevicePool, run: RunOnLoop[Any]) -> None:
         self._pool = pool
+        self._run = run
 
     def collect(self) -> Iterator[Any]:
         devices = GaugeMetricFamily(
@@ -48,8 +53,8 @@ class _PoolCollector(Collector):
         )
         up = GaugeMetricFamily("kiln_tracker_store_up", "1 when the store answered this scrape")
         try:
-            statuses = self._pool.list_devices()
-            depths = self._pool.queue_depths()
+            statuses: list[Any] = self._run(self._pool.list_devices())
+            depths: dict[str, int] = self._run(self._pool.queue_depths())
         except Exception:
             _LOG.exception("metrics scrape could not read the pool")
             up.add_metric([], 0.0)
@@ -74,9 +79,10 @@ class _PoolCollector(Collector):
 class TrackerMetrics(MetricsHttp):
     """The tracker's counters and histograms; `serve()` exposes them over HTTP."""
 
-    def __init__(self, pool: DevicePool) -> None:
+    def __init__(self, pool: DevicePool, run: RunOnLoop[Any]) -> None:
+        """Count for `pool`; `run` runs its coroutines on its loop (LoopThread.call)."""
         super().__init__()
-        self.registry.register(_PoolCollector(pool))
+        self.registry.register(_PoolCollector(pool, run))
         self.lease_wait = Histogram(
             "kiln_tracker_lease_wait_seconds",
             "Time an Acquire waited, by outcome",

@@ -1,9 +1,10 @@
-"""The reaper: a daemon thread that runs DevicePool.reap() every reap_interval_s until stopped."""
+"""The reaper: a task on the tracker's event loop that runs DevicePool.reap() every reap_interval_s."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import threading
 from collections.abc import Callable
 
 from tracker.model import ExpiryReport
@@ -13,7 +14,7 @@ _LOG = logging.getLogger(__name__)
 
 
 class Reaper:
-    """Expires silent agents and lapsed leases in the background.
+    """Expires silent agents and lapsed leases in the background, on the pool's event loop.
 
     Args:
         on_report: called with each sweep's ExpiryReport (metrics count expiries with it).
@@ -28,28 +29,31 @@ class Reaper:
         self._pool = pool
         self._interval_s = interval_s
         self._on_report = on_report
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kiln-tracker-reaper", daemon=True)
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        """Start sweeping; call on the pool's loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="kiln-tracker-reaper")
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Ask the thread to finish and wait up to `timeout_s` for it."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+    async def stop(self) -> None:
+        """Stop sweeping (a sweep under way is cancelled) and wait for the task to end."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        return self._task is not None and not self._task.done()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
             try:
-                report = self._pool.reap()
+                report = await self._pool.reap()
                 if self._on_report is not None:
                     self._on_report(report)
             except Exception:
-                # A store hiccup (later: redis down) must not end expiry for good; retry next tick.
+                # A store hiccup (redis down) must not end expiry for good; retry next tick.
                 _LOG.exception("reaper sweep failed")

@@ -1,7 +1,9 @@
 """create_server(): a started grpc.aio server with its DevicePool and Reaper, for the CLI and tests.
 
-The server runs on an asyncio loop of its own thread (protos.aio_loop.LoopThread), so a waiting
-Acquire is a suspended coroutine, not a parked thread; `create_server` and `stop` stay synchronous.
+The server runs on an asyncio loop of its own thread (protos.aio_loop.LoopThread), and so do the
+pool, its store and the reaper: a waiting Acquire is a suspended coroutine, not a parked thread,
+and a store call waits for Redis without a thread of its own. `create_server` and `stop` stay
+synchronous.
 Besides the Tracker service it carries: the standard gRPC health service (SERVING while up,
 NOT_SERVING from the start of a graceful stop), bearer-token auth when pool secrets are given
 (tracker.auth), strict request decoding (protos.decoding), TLS or mutual TLS when TLS files are
@@ -10,8 +12,10 @@ given, and optionally a Prometheus endpoint (tracker.metrics).
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,7 +29,7 @@ from tracker.auth import async_tracker_interceptor
 from tracker.config import TrackerConfig
 from tracker.pool import DevicePool
 from tracker.reaper import Reaper
-from tracker.service import PoolCalls, TrackerService
+from tracker.service import TrackerService
 from tracker.store import TrackerStore, open_store
 from tracker.tokens import hmac_issuer
 
@@ -33,6 +37,8 @@ if TYPE_CHECKING:
     from tracker.metrics import TrackerMetrics
 
 _LOG = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 TRACKER_SERVICE_NAME = "kiln.v1.Tracker"
@@ -52,7 +58,6 @@ class ServingTracker(NamedTuple):
     metrics: TrackerMetrics | None = None
     metrics_port: int = 0
     loop: LoopThread | None = None
-    calls: PoolCalls | None = None
     store: TrackerStore | None = None
 
     @property
@@ -67,30 +72,45 @@ class ServingTracker(NamedTuple):
             return ""
         return f"http://{_dialable(self.host)}:{self.metrics_port}/metrics"
 
+    def run(self, coroutine: Coroutine[Any, Any, _T], timeout_s: float | None = None) -> _T:
+        """Run `coroutine` (one of the pool's, say) on the tracker's loop and return its result:
+        how synchronous code (tests, an embedding process) calls the pool.
+
+        Raises:
+            TimeoutError: it ran past `timeout_s`; it is cancelled.
+        """
+        assert self.loop is not None, "create_server() sets the loop"
+        return self.loop.call(coroutine, timeout_s)
+
     def stop(self, grace_s: float = 2.0) -> None:
         """Report NOT_SERVING, answer waiting Acquires, stop the reaper, then the server.
 
-        In-flight calls get `grace_s` to finish; then the service's threads, the loop's thread and
-        the store's connections end, and the metrics endpoint stops last. Idempotent.
+        In-flight calls get `grace_s` to finish; then the store's connections and the loop's
+        thread end, and the metrics endpoint stops last. Idempotent.
         """
         loop = self.loop
-        if loop is not None and loop.alive and self.health is not None:
-            loop.call(self.health.enter_graceful_shutdown(), _STEP_TIMEOUT_S)
-        self.pool.close()
-        self.reaper.stop()
         if loop is not None and loop.alive:
+            if self.health is not None:
+                loop.call(self.health.enter_graceful_shutdown(), _STEP_TIMEOUT_S)
+            loop.call(self.pool.close(), _STEP_TIMEOUT_S)
+            loop.call(self.reaper.stop(), _STEP_TIMEOUT_S)
             try:
                 loop.call(self.server.stop(grace_s), grace_s + _STEP_TIMEOUT_S)
             except TimeoutError:
                 _LOG.warning("the server did not stop within %.1f s", grace_s + _STEP_TIMEOUT_S)
-        if self.calls is not None:
-            self.calls.shutdown()
-        if loop is not None:
+            if self.store is not None:
+                _close_store(loop, self.store)
             loop.stop()
-        if self.store is not None:
-            self.store.close()
         if self.metrics is not None:
             self.metrics.close()
+
+
+def _close_store(loop: LoopThread, store: TrackerStore) -> None:
+    """Close `store` on `loop`, where its connections live; a failure is logged."""
+    try:
+        loop.call(store.close(), _STEP_TIMEOUT_S)
+    except Exception:
+        _LOG.exception("closing the store failed")
 
 
 def _dialable(host: str) -> str:
@@ -127,11 +147,12 @@ def create_server(
     issuer = hmac_issuer(secrets.lease_key) if secrets and secrets.lease_key else None
     store = open_store(config.store)
     pool = DevicePool(store, config, issue_token=issuer)
+    loop = LoopThread("kiln-tracker-loop")
     metrics = None
     if metrics_port is not None:
         from tracker.metrics import TrackerMetrics  # prometheus-client only when asked for
 
-        metrics = TrackerMetrics(pool)
+        metrics = TrackerMetrics(pool, functools.partial(loop.call, timeout_s=_STEP_TIMEOUT_S))
     interceptors: list[Any] = []
     if secrets is not None:
         interceptors.append(
@@ -140,24 +161,19 @@ def create_server(
             )
         )
     interceptors.append(AsyncStrictDecoding())
-    # The memory store only takes short in-process locks: its calls run on the loop. Redis does
-    # network I/O: its calls run on the service's threads.
-    calls = PoolCalls(config, inline=config.store == "memory")
-    service = TrackerService(pool, calls, metrics)
+    service = TrackerService(pool, metrics)
     reaper = Reaper(
         pool, config.reap_interval_s, on_report=metrics.observe_expiry if metrics else None
     )
-    loop = LoopThread("kiln-tracker-loop")
     try:
         server, port, health = loop.call(
-            _serve(listen, config, interceptors, service, credentials), _STEP_TIMEOUT_S
+            _serve(listen, config, interceptors, service, credentials, pool), _STEP_TIMEOUT_S
         )
     except BaseException:
+        _close_store(loop, store)
         loop.stop()
-        calls.shutdown()
-        store.close()
         raise
-    serving = ServingTracker(server, port, pool, reaper, host, health, None, 0, loop, calls, store)
+    serving = ServingTracker(server, port, pool, reaper, host, health, None, 0, loop, store)
     if metrics is not None:
         assert metrics_port is not None
         try:
@@ -166,7 +182,7 @@ def create_server(
             serving.stop(0.0)
             raise OSError(f"cannot serve metrics on {host}:{metrics_port}: {error}") from error
         serving = serving._replace(metrics=metrics, metrics_port=bound_metrics_port)
-    reaper.start()
+    loop.call(_start_reaper(reaper), _STEP_TIMEOUT_S)
     _LOG.info(
         "tracker serving on %s:%d (store %s, %s, %s)",
         host,
@@ -186,12 +202,15 @@ async def _serve(
     interceptors: list[Any],
     service: TrackerService,
     credentials: Any,
+    pool: DevicePool,
 ) -> tuple[Any, int, Any]:
-    """Bind and start the aio server on the running loop; returns (server, port, health).
+    """Start the pool, bind and start the aio server on the running loop; returns (server, port,
+    health).
 
     Raises:
         OSError: `listen` could not be bound.
     """
+    await pool.start()
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -214,6 +233,10 @@ async def _serve(
     for name in ("", TRACKER_SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, port, health
+
+
+async def _start_reaper(reaper: Reaper) -> None:
+    reaper.start()
 
 
 def _metrics_host(host: str) -> str:

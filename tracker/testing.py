@@ -1,4 +1,4 @@
-"""Test kit: a real `redis-server` child process for tests and benchmarks of the redis store.
+"""Test kit: a real `redis-server` child process, and blocking access to the pool and its stores.
 
     with RedisServer(tmp_path) as server:          # a free port on 127.0.0.1, no persistence
         store = open_store(server.url(prefix="t1:"))
@@ -7,22 +7,45 @@ The server binds a port picked by binding a socket to port 0 (redis cannot take 
 runs with `--save '' --appendonly no` unless `persistent=True`, is waited for with PING until a
 deadline, and is stopped by its pid. `restart()` stops and starts it on the same port, which is how
 a test makes Redis blip.
+
+The store and the pool are coroutines on an event loop; `Blocking` drives them from synchronous
+code (tests, scripts), each call run on a `LoopThread`:
+
+    loop = LoopThread("test")
+    store = Blocking(open_store(url), loop)          # store.grant(...) blocks until answered
+    pool = BlockingPool(DevicePool(store.target, config), loop)
+    pool.start()
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import inspect
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Generic, TypeVar
 
 import redis
 
+from protos.aio_loop import LoopThread
+from tracker.model import AcquireResult, LeaseRequest
+from tracker.pool import REASON_CANCELLED, DevicePool
+
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 10.0
+# Bound on one blocking call (an Acquire that waits included); tests wait far less.
+CALL_TIMEOUT_S = 60.0
+# How often a BlockingPool.acquire looks at its cancel flag.
+_CANCEL_POLL_S = 0.005
+
+_T = TypeVar("_T")
 
 
 class RedisServerError(RuntimeError):
@@ -123,3 +146,58 @@ class RedisServer:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class Blocking(Generic[_T]):
+    """`target`'s coroutine methods as blocking calls run on `loop`; other attributes as they are.
+
+    Any thread may call; the calls interleave on the loop as an aio server's would. `target` is
+    the object itself (its coroutines, for code already on the loop).
+    """
+
+    def __init__(self, target: _T, loop: LoopThread) -> None:
+        self.target = target
+        self.loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.target, name)
+        if not inspect.iscoroutinefunction(value):
+            return value
+
+        @functools.wraps(value)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.loop.call(value(*args, **kwargs), CALL_TIMEOUT_S)
+
+        return call
+
+
+class BlockingPool(Blocking[DevicePool]):
+    """A DevicePool driven from threads, with a synchronous client's way to cancel an Acquire."""
+
+    def acquire(
+        self,
+        request: LeaseRequest,
+        cancelled: threading.Event | None = None,
+        client_time_remaining_s: float | None = None,
+    ) -> AcquireResult:
+        """DevicePool.acquire; setting `cancelled` cancels it as a departing client would (the
+        waiter leaves the queue at once) and answers REASON_CANCELLED."""
+        return self.loop.call(
+            self._acquire(request, cancelled, client_time_remaining_s), CALL_TIMEOUT_S
+        )
+
+    async def _acquire(
+        self,
+        request: LeaseRequest,
+        cancelled: threading.Event | None,
+        client_time_remaining_s: float | None,
+    ) -> AcquireResult:
+        task = asyncio.ensure_future(self.target.acquire(request, client_time_remaining_s))
+        while cancelled is not None and not task.done():
+            await asyncio.wait((task,), timeout=_CANCEL_POLL_S)
+            if cancelled.is_set() and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return AcquireResult(None, REASON_CANCELLED)
+        return await task

@@ -1,20 +1,18 @@
 """This process's waiting Acquire calls, in grant order: higher priority first, FIFO within one.
 
-Not thread-safe on its own: the DevicePool guards it with its lock. The order comes from each
+Not thread-safe: the DevicePool uses it on its event loop only. The order comes from each
 waiter's QueueTicket, which the store hands out: the store keeps the pool-wide queue (every
 replica's waiters, surviving a tracker restart), this module only the calls of this process that
-wait on it. A waiting call holds no thread: it waits on its waiter's `future`, which the pool
-completes from whichever thread granted, superseded or closed.
+wait on it. A waiting call holds no thread: it awaits its waiter's `future`, which the pool
+completes when it grants, supersedes or closes. Everything here lives on the tracker's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-import contextlib
 import dataclasses
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, InvalidStateError
 
 from tracker.model import Lease, LeaseRequest, QueueTicket
 
@@ -24,8 +22,8 @@ class Waiter:
     """One waiting request; dispatch sets `lease` on a grant, a takeover sets `superseded`.
 
     `future` completes (with None) when the waiter has something to look at: a lease, a takeover,
-    the pool closing, or (sync callers) its `cancelled` flag. The answer is read from the waiter
-    under the pool's lock, never from the future.
+    the pool closing. The answer is read from the waiter, never from the future. A Waiter is made
+    on the event loop (its future belongs to the running loop).
     """
 
     request: LeaseRequest
@@ -34,11 +32,11 @@ class Waiter:
     """time.monotonic() at which the wait ends with NO_DEVICE."""
     recheck_at: float | None = None
     """time.monotonic() at which the startup grace ends and the selector is checked again."""
-    cancelled: threading.Event | None = None
-    """A synchronous caller's cancel flag, looked at by DevicePool.wake."""
     lease: Lease | None = None
     superseded: bool = False
-    future: Future[None] = dataclasses.field(default_factory=Future)
+    future: asyncio.Future[None] = dataclasses.field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
     @property
     def order(self) -> tuple[int, int]:
@@ -52,8 +50,7 @@ class Waiter:
     def wake(self) -> None:
         """Complete the future (once; a future its caller already cancelled stays cancelled)."""
         if not self.future.done():
-            with contextlib.suppress(InvalidStateError):  # cancelled by the caller in between
-                self.future.set_result(None)
+            self.future.set_result(None)
 
 
 class WaitQueue:

@@ -15,7 +15,7 @@ from tracker.server import create_server
 
 def test_watch_reports_a_lost_tracker_and_keeps_going_until_count() -> None:
     serving = create_server("127.0.0.1:0")
-    serving.pool.register("a", "h:1", [DeviceSpec("", "x86")])
+    serving.run(serving.pool.register("a", "h:1", [DeviceSpec("", "x86")]))
     out, err = io.StringIO(), io.StringIO()
     naps: list[float] = []
 
@@ -50,14 +50,16 @@ def test_key_goes_to_the_tracker_and_every_tag_must_match(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     serving = create_server("127.0.0.1:0")
-    serving.pool.register(
-        "a",
-        "h:1",
-        [
-            DeviceSpec("", "arm", {"board": "rk3399", "mem": "4g"}),
-            DeviceSpec("", "arm", {"board": "rpi4", "mem": "4g"}),
-            DeviceSpec("", "x86", {"board": "rk3399", "mem": "4g"}),
-        ],
+    serving.run(
+        serving.pool.register(
+            "a",
+            "h:1",
+            [
+                DeviceSpec("", "arm", {"board": "rk3399", "mem": "4g"}),
+                DeviceSpec("", "arm", {"board": "rpi4", "mem": "4g"}),
+                DeviceSpec("", "x86", {"board": "rk3399", "mem": "4g"}),
+            ],
+        )
     )
 
     def listed(*flags: str) -> list[str]:

@@ -318,8 +318,8 @@ def test_acquire_retries_while_the_tracker_restarts() -> None:
     """A queued Acquire answered UNAVAILABLE by a stopping tracker is sent again until one serves."""
     address = f"127.0.0.1:{_free_port()}"
     first = create_server(address)
-    first.pool.register("a", "h:1", [DeviceSpec("", "k")])
-    held = first.pool.acquire(LeaseRequest(key="k")).lease
+    first.run(first.pool.register("a", "h:1", [DeviceSpec("", "k")]))
+    held = first.run(first.pool.acquire(LeaseRequest(key="k"))).lease
     assert held is not None
     attempts: list[float] = []
 
@@ -336,7 +336,7 @@ def test_acquire_retries_while_the_tracker_restarts() -> None:
     second = None
     try:
         deadline = time.monotonic() + 10
-        while first.pool.queue_depths().get("k") != 1:
+        while first.run(first.pool.queue_depths()).get("k") != 1:
             assert time.monotonic() < deadline, "the acquire never queued"
             time.sleep(0.02)
         first.stop(grace_s=0.5)
@@ -345,7 +345,7 @@ def test_acquire_retries_while_the_tracker_restarts() -> None:
             assert time.monotonic() < deadline, "the client did not retry"
             time.sleep(0.01)
         second = create_server(address)
-        second.pool.register("b", "h:2", [DeviceSpec("", "k")])
+        second.run(second.pool.register("b", "h:2", [DeviceSpec("", "k")]))
         worker.join(30)
         assert not worker.is_alive()
     finally:

@@ -1,6 +1,8 @@
 """The TrackerStore contract, run against every implementation: memory and redis (a real server).
 
 Each redis test gets its own key prefix on one session-wide redis-server, and flushes it after.
+The stores are coroutines; the tests call them through tracker.testing.Blocking, on one loop thread
+per module, and concurrent callers are threads whose calls interleave on that loop.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from typing import Any
 import pytest
 
 from protos import fencing
+from protos.aio_loop import LoopThread
 from tracker import validation
 from tracker.errors import InvalidArgument, LeaseLost
 from tracker.model import DeviceSpec, DeviceState, Lease, LeaseRequest, QueueTicket, Registration
 from tracker.store import base, open_store
 from tracker.store.base import TrackerStore
-from tracker.testing import RedisServer
+from tracker.testing import Blocking, BlockingPool, RedisServer
 from tracker.tokens import hmac_issuer
 
 T0 = 1_000_000.0
@@ -51,9 +54,19 @@ def store_url(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iter
     client.close()
 
 
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    loop = LoopThread("test-store-loop")
+    yield loop
+    loop.stop()
+
+
+Store = Blocking[TrackerStore]
+
+
 @pytest.fixture
-def store(store_url: str) -> Iterator[TrackerStore]:
-    store = open_store(store_url)
+def store(store_url: str, loop: LoopThread) -> Iterator[Store]:
+    store = Blocking(open_store(store_url), loop)
     yield store
     store.close()
 
@@ -75,7 +88,7 @@ def registration(agent_id: str, *keys: str, address: str = "10.0.0.1:9000") -> R
 
 
 def grant(
-    store: TrackerStore,
+    store: Store,
     lease_id: str,
     now: float = T0,
     ticket: QueueTicket | None = None,
@@ -84,15 +97,15 @@ def grant(
     return store.grant(LeaseRequest(**request), lease_id, now, TTL_S, ISSUE, ticket)
 
 
-def states(store: TrackerStore) -> dict[str, DeviceState]:
+def states(store: Store) -> dict[str, DeviceState]:
     return {record.spec.device_id: record.state for record in store.devices()}
 
 
-def enqueue(store: TrackerStore, request_id: str, now: float = T0, **request: Any) -> QueueTicket:
+def enqueue(store: Store, request_id: str, now: float = T0, **request: Any) -> QueueTicket:
     return store.enqueue(LeaseRequest(request_id=request_id, **request), now, QUEUE_TTL_S)
 
 
-def test_grant_marks_device_leased_with_a_verifiable_token(store: TrackerStore) -> None:
+def test_grant_marks_device_leased_with_a_verifiable_token(store: Store) -> None:
     store.register(registration("a", "x86"), T0)
     lease = grant(store, "L1", user="alice")
     assert lease is not None
@@ -109,7 +122,7 @@ def test_grant_marks_device_leased_with_a_verifiable_token(store: TrackerStore) 
     assert grant(store, "L2") is None
 
 
-def test_grant_matches_key_and_every_selected_tag(store: TrackerStore) -> None:
+def test_grant_matches_key_and_every_selected_tag(store: Store) -> None:
     specs = [
         DeviceSpec("", "arm", {"board": "rk3399", "mem": "4g"}),
         DeviceSpec("", "arm", {"board": "rpi4", "mem": "4g"}),
@@ -124,7 +137,7 @@ def test_grant_matches_key_and_every_selected_tag(store: TrackerStore) -> None:
     assert lease is not None and lease.device.device_id == "a/0"
 
 
-def test_grant_picks_the_lowest_free_device_id(store: TrackerStore) -> None:
+def test_grant_picks_the_lowest_free_device_id(store: Store) -> None:
     store.register(validation.registration("b", "h:2", [DeviceSpec("dev-b", "k")]), T0)
     store.register(validation.registration("a", "h:1", [DeviceSpec("dev-a", "k")]), T0)
     first, second = grant(store, "L1", key="k"), grant(store, "L2", key="k")
@@ -132,7 +145,7 @@ def test_grant_picks_the_lowest_free_device_id(store: TrackerStore) -> None:
     assert (first.device.device_id, second.device.device_id) == ("dev-a", "dev-b")
 
 
-def test_concurrent_grants_never_share_a_device(store: TrackerStore) -> None:
+def test_concurrent_grants_never_share_a_device(store: Store) -> None:
     store.register(registration("a", *["k"] * 4), T0)
     leases = []
     lock = threading.Lock()
@@ -151,7 +164,7 @@ def test_concurrent_grants_never_share_a_device(store: TrackerStore) -> None:
     assert sorted(granted) == ["a/0", "a/1", "a/2", "a/3"]
 
 
-def test_fence_strictly_increases_across_grants_of_a_device(store: TrackerStore) -> None:
+def test_fence_strictly_increases_across_grants_of_a_device(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     fences = []
     for index in range(3):  # same clock reading every time: the fence still grows
@@ -164,7 +177,7 @@ def test_fence_strictly_increases_across_grants_of_a_device(store: TrackerStore)
     assert later is not None and later.fence == int((T0 + 1) * 1_000_000)
 
 
-def test_renew_extends_with_a_fresh_token_and_release_frees(store: TrackerStore) -> None:
+def test_renew_extends_with_a_fresh_token_and_release_frees(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     granted = grant(store, "L1")
     assert granted is not None
@@ -188,7 +201,7 @@ def test_renew_extends_with_a_fresh_token_and_release_frees(store: TrackerStore)
         store.renew("nope", T0, 10.0, ISSUE)
 
 
-def test_renew_past_expiry_ends_the_lease_without_a_sweep(store: TrackerStore) -> None:
+def test_renew_past_expiry_ends_the_lease_without_a_sweep(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     grant(store, "L1")
     with pytest.raises(LeaseLost, match=base.REASON_EXPIRED):
@@ -196,7 +209,7 @@ def test_renew_past_expiry_ends_the_lease_without_a_sweep(store: TrackerStore) -
     assert states(store) == {"a/0": DeviceState.FREE}
 
 
-def test_expire_frees_lapsed_leases(store: TrackerStore) -> None:
+def test_expire_frees_lapsed_leases(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     grant(store, "L1")
     store.heartbeat("a", T0 + TTL_S)
@@ -209,7 +222,7 @@ def test_expire_frees_lapsed_leases(store: TrackerStore) -> None:
         store.renew("L1", T0 + TTL_S + 2, 10.0, ISSUE)
 
 
-def test_silent_agent_loses_devices_and_leases(store: TrackerStore) -> None:
+def test_silent_agent_loses_devices_and_leases(store: Store) -> None:
     store.register(registration("a", "k", "k"), T0)
     grant(store, "L1")
     assert store.expire(T0 + AGENT_TIMEOUT_S, AGENT_TIMEOUT_S).expired_agents == ()
@@ -227,7 +240,7 @@ def test_silent_agent_loses_devices_and_leases(store: TrackerStore) -> None:
     assert grant(store, "L3", now=T0 + 6) is not None
 
 
-def test_devices_by_key_include_lost_ones_with_their_tags(store: TrackerStore) -> None:
+def test_devices_by_key_include_lost_ones_with_their_tags(store: Store) -> None:
     """The pool answers NO_DEVICE at once only when no device here matches, LOST ones included."""
     specs = [DeviceSpec("", "arm", {"board": "rpi4", "features": "neon"}), DeviceSpec("", "x86")]
     store.register(validation.registration("a", "10.0.0.1:9000", specs), T0)
@@ -238,7 +251,7 @@ def test_devices_by_key_include_lost_ones_with_their_tags(store: TrackerStore) -
     assert store.devices("riscv") == []
 
 
-def test_lost_devices_are_forgotten_after_the_retention(store: TrackerStore) -> None:
+def test_lost_devices_are_forgotten_after_the_retention(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     store.register(registration("b", "k"), T0 + 50)
     store.expire(T0 + 10, AGENT_TIMEOUT_S, lost_device_retention_s=100.0)
@@ -253,14 +266,14 @@ def test_lost_devices_are_forgotten_after_the_retention(store: TrackerStore) -> 
     assert states(store) == {"a/0": DeviceState.FREE, "b/0": DeviceState.FREE}
 
 
-def test_heartbeat_keeps_agent_alive(store: TrackerStore) -> None:
+def test_heartbeat_keeps_agent_alive(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     assert store.heartbeat("a", T0 + 3) is True
     assert store.expire(T0 + 6, AGENT_TIMEOUT_S).expired_agents == ()
     assert store.heartbeat("unknown", T0) is False
 
 
-def test_reregister_is_idempotent_and_keeps_leases_of_kept_devices(store: TrackerStore) -> None:
+def test_reregister_is_idempotent_and_keeps_leases_of_kept_devices(store: Store) -> None:
     store.register(registration("a", "k", "k"), T0)
     grant(store, "L0")
     assert store.register(registration("a", "k", "k"), T0 + 1) == ()
@@ -270,7 +283,7 @@ def test_reregister_is_idempotent_and_keeps_leases_of_kept_devices(store: Tracke
     assert lease is not None and lease.device.device_id == "a/1"
 
 
-def test_reregister_with_a_new_key_moves_the_device(store: TrackerStore) -> None:
+def test_reregister_with_a_new_key_moves_the_device(store: Store) -> None:
     store.register(registration("a", "old"), T0)
     store.register(registration("a", "new"), T0 + 1)
     assert grant(store, "L0", key="old") is None
@@ -279,7 +292,7 @@ def test_reregister_with_a_new_key_moves_the_device(store: TrackerStore) -> None
     assert lease is not None and lease.device.key == "new"
 
 
-def test_reregister_without_a_device_ends_its_lease(store: TrackerStore) -> None:
+def test_reregister_without_a_device_ends_its_lease(store: Store) -> None:
     store.register(registration("a", "k", "k"), T0)
     store.register(validation.registration("a", "h:1", [DeviceSpec("a/1", "k")]), T0)
     grant(store, "L1")
@@ -289,7 +302,7 @@ def test_reregister_without_a_device_ends_its_lease(store: TrackerStore) -> None
         store.renew("L1", T0 + 2, 10.0, ISSUE)
 
 
-def test_device_id_of_another_live_agent_is_refused(store: TrackerStore) -> None:
+def test_device_id_of_another_live_agent_is_refused(store: Store) -> None:
     store.register(validation.registration("a", "h:1", [DeviceSpec("shared", "k")]), T0)
     taken = validation.registration("b", "h:2", [DeviceSpec("shared", "k")])
     with pytest.raises(InvalidArgument, match=r"devices\[0\]\.device_id 'shared'.*agent 'a'"):
@@ -300,14 +313,14 @@ def test_device_id_of_another_live_agent_is_refused(store: TrackerStore) -> None
     assert (record.spec.agent_address, record.state) == ("h:2", DeviceState.FREE)
 
 
-def test_devices_filters_by_key(store: TrackerStore) -> None:
+def test_devices_filters_by_key(store: Store) -> None:
     store.register(registration("a", "x86", "arm"), T0)
     assert [record.spec.device_id for record in store.devices("arm")] == ["a/1"]
     assert len(store.devices()) == 2
     assert store.devices()[0].last_heartbeat_unix == T0
 
 
-def test_enqueue_hands_out_ordered_tickets_and_reattaches(store: TrackerStore) -> None:
+def test_enqueue_hands_out_ordered_tickets_and_reattaches(store: Store) -> None:
     first = enqueue(store, "r1", priority=0)
     second = enqueue(store, "r2", priority=5)
     assert first.seq < second.seq
@@ -321,7 +334,7 @@ def test_enqueue_hands_out_ordered_tickets_and_reattaches(store: TrackerStore) -
         store.enqueue(LeaseRequest(), T0, QUEUE_TTL_S)
 
 
-def test_grant_serves_the_queue_in_order(store: TrackerStore) -> None:
+def test_grant_serves_the_queue_in_order(store: Store) -> None:
     store.register(registration("a", "k", "k"), T0)
     assert grant(store, "L0", key="k") is not None
     assert grant(store, "L00", key="k") is not None
@@ -336,7 +349,7 @@ def test_grant_serves_the_queue_in_order(store: TrackerStore) -> None:
     assert grant(store, "L4", ticket=late, key="k") is None  # a/1 is still leased
 
 
-def test_grant_leaves_a_queued_request_only_what_it_would_not_take(store: TrackerStore) -> None:
+def test_grant_leaves_a_queued_request_only_what_it_would_not_take(store: Store) -> None:
     specs = [DeviceSpec("", "k"), DeviceSpec("", "k"), DeviceSpec("", "gpu")]
     store.register(validation.registration("a", "h:1", specs), T0)
     enqueue(store, "any", priority=1)  # claims the lowest id of all: a/0
@@ -350,7 +363,7 @@ def test_grant_leaves_a_queued_request_only_what_it_would_not_take(store: Tracke
 
 
 def test_many_waiters_on_a_busy_key_neither_block_another_key_nor_lose_their_order(
-    store: TrackerStore,
+    store: Store,
 ) -> None:
     store.register(registration("a", "k", "k", "j"), T0)
     assert grant(store, "held0", key="k") is not None
@@ -368,7 +381,7 @@ def test_many_waiters_on_a_busy_key_neither_block_another_key_nor_lose_their_ord
     assert {first.device.device_id, second.device.device_id} == {"a/0", "a/1"}
 
 
-def test_expired_queue_entries_stop_blocking_and_are_swept(store: TrackerStore) -> None:
+def test_expired_queue_entries_stop_blocking_and_are_swept(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     enqueue(store, "dead-tracker", key="k")
     assert grant(store, "L1", now=T0 + 1, key="k") is None
@@ -380,7 +393,7 @@ def test_expired_queue_entries_stop_blocking_and_are_swept(store: TrackerStore) 
     assert fresh.seq > 0 and store.queued(T0 + 6)[0][0] == fresh
 
 
-def test_keep_queued_refreshes_and_recreates_entries(store: TrackerStore) -> None:
+def test_keep_queued_refreshes_and_recreates_entries(store: Store) -> None:
     ticket = enqueue(store, "r1", key="k")
     request = LeaseRequest(key="k", request_id="r1")
     store.keep_queued([(ticket, request)], T0 + 4, QUEUE_TTL_S)
@@ -391,14 +404,14 @@ def test_keep_queued_refreshes_and_recreates_entries(store: TrackerStore) -> Non
 
 
 @redis_only
-def test_redis_state_outlives_the_store_object(store_url: str) -> None:
+def test_redis_state_outlives_the_store_object(store_url: str, loop: LoopThread) -> None:
     """What a tracker restart keeps: registrations, leases, fences, queued requests."""
-    first = open_store(store_url)
+    first = Blocking(open_store(store_url), loop)
     first.register(registration("a", "k", "k"), T0)
     lease = grant(first, "L1", key="k")
     ticket = enqueue(first, "r1", key="k", priority=3)
     first.close()
-    second = open_store(store_url)
+    second = Blocking(open_store(store_url), loop)
     try:
         assert states(second) == {"a/0": DeviceState.LEASED, "a/1": DeviceState.FREE}
         assert second.heartbeat("a", T0 + 1) is True
@@ -413,8 +426,10 @@ def test_redis_state_outlives_the_store_object(store_url: str) -> None:
 
 
 @redis_only
-def test_two_redis_store_objects_never_grant_one_device_twice(store_url: str) -> None:
-    stores = [open_store(store_url) for _ in range(2)]
+def test_two_redis_store_objects_never_grant_one_device_twice(
+    store_url: str, loop: LoopThread
+) -> None:
+    stores = [Blocking(open_store(store_url), loop) for _ in range(2)]
     stores[0].register(registration("a", *["k"] * 3), T0)
     leases: list[Lease | None] = []
     lock = threading.Lock()
@@ -436,7 +451,9 @@ def test_two_redis_store_objects_never_grant_one_device_twice(store_url: str) ->
 
 
 @redis_only
-def test_a_restarted_tracker_does_not_count_its_downtime_as_agent_silence(store_url: str) -> None:
+def test_a_restarted_tracker_does_not_count_its_downtime_as_agent_silence(
+    store_url: str, loop: LoopThread
+) -> None:
     """The store outlives the tracker (Redis): a new pool over it gives every agent one agent
     timeout from its start before calling it silent, so a tracker down for longer than that ends
     no lease by itself; an agent still silent after it is LOST as before."""
@@ -446,8 +463,8 @@ def test_a_restarted_tracker_does_not_count_its_downtime_as_agent_silence(store_
     config = TrackerConfig(heartbeat_interval_s=2.0, default_lease_ttl_s=600.0, startup_grace_s=0)
     now = [T0]
     clock = lambda: now[0]  # noqa: E731
-    first_store = open_store(store_url)
-    first = DevicePool(first_store, config, clock=clock)
+    first_store = Blocking(open_store(store_url), loop)
+    first = BlockingPool(DevicePool(first_store.target, config, clock=clock), loop)
     first.register("live", "h:1", [DeviceSpec("", "k")])
     first.register("dead", "h:2", [DeviceSpec("", "j")])
     lease = first.acquire(LeaseRequest(key="k", timeout_s=0)).lease
@@ -456,8 +473,8 @@ def test_a_restarted_tracker_does_not_count_its_downtime_as_agent_silence(store_
     first_store.close()
 
     now[0] += 60.0  # the tracker is down for 60 s, 15 agent timeouts
-    second_store = open_store(store_url)
-    second = DevicePool(second_store, config, clock=clock)
+    second_store = Blocking(open_store(store_url), loop)
+    second = BlockingPool(DevicePool(second_store.target, config, clock=clock), loop)
     try:
         report = second.reap()
         assert report.expired_agents == () and report.ended_leases == ()
@@ -475,7 +492,7 @@ def test_a_restarted_tracker_does_not_count_its_downtime_as_agent_silence(store_
         second_store.close()
 
 
-def test_devices_read_in_pages_by_id_with_each_lease_fence(store: TrackerStore) -> None:
+def test_devices_read_in_pages_by_id_with_each_lease_fence(store: Store) -> None:
     store.register(registration("a", *["k"] * 5, "j"), T0)
     lease = grant(store, "l1", key="k")
     assert lease is not None
@@ -491,7 +508,7 @@ def test_devices_read_in_pages_by_id_with_each_lease_fence(store: TrackerStore) 
     assert set(fences.values()) == {0}
 
 
-def test_live_devices_leave_out_the_lost_ones(store: TrackerStore) -> None:
+def test_live_devices_leave_out_the_lost_ones(store: Store) -> None:
     store.register(registration("live", "k", "j"), T0)
     store.register(registration("dead", "k", "k"), T0 - 2 * AGENT_TIMEOUT_S)
     store.expire(T0, AGENT_TIMEOUT_S, 3600.0)
@@ -503,9 +520,9 @@ def test_live_devices_leave_out_the_lost_ones(store: TrackerStore) -> None:
 
 @redis_only
 def test_the_queue_key_index_follows_every_queue_write_and_delete(
-    store_url: str, redis_server: RedisServer
+    store_url: str, redis_server: RedisServer, loop: LoopThread
 ) -> None:
-    store = open_store(store_url)
+    store = Blocking(open_store(store_url), loop)
     prefix = store_url.split("prefix=")[1]
     client = redis_server.client()
 
@@ -529,7 +546,7 @@ def test_the_queue_key_index_follows_every_queue_write_and_delete(
         client.close()
 
 
-def test_devices_by_id_reads_just_those(store: TrackerStore) -> None:
+def test_devices_by_id_reads_just_those(store: Store) -> None:
     store.register(registration("a", "k", "k", "j"), T0)
     lease = grant(store, "L", key="j")
     assert lease is not None
@@ -539,7 +556,7 @@ def test_devices_by_id_reads_just_those(store: TrackerStore) -> None:
     assert store.devices_by_id([]) == []
 
 
-def test_queued_shapes_count_live_requests_per_key_and_selector(store: TrackerStore) -> None:
+def test_queued_shapes_count_live_requests_per_key_and_selector(store: Store) -> None:
     for i in range(3):
         enqueue(store, f"k{i}", key="k")
     enqueue(store, "arm", key="k", tag_selector={"arch": "arm", "board": "rk"})
@@ -555,7 +572,7 @@ def test_queued_shapes_count_live_requests_per_key_and_selector(store: TrackerSt
 
 
 def test_deregister_removes_the_agent_and_its_devices_and_ends_their_leases(
-    store: TrackerStore,
+    store: Store,
 ) -> None:
     store.register(registration("a", "k", "k"), T0)
     store.register(registration("b", "k"), T0)
@@ -576,14 +593,14 @@ def test_deregister_removes_the_agent_and_its_devices_and_ends_their_leases(
     assert store.deregister("a").devices == ()
 
 
-def test_deregister_of_an_unknown_agent_changes_nothing(store: TrackerStore) -> None:
+def test_deregister_of_an_unknown_agent_changes_nothing(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     removed = store.deregister("nobody")
     assert (removed.devices, removed.ended_leases) == ((), ())
     assert states(store) == {"a/0": DeviceState.FREE}
 
 
-def test_deregister_forgets_lost_devices_at_once(store: TrackerStore) -> None:
+def test_deregister_forgets_lost_devices_at_once(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     store.expire(T0 + AGENT_TIMEOUT_S + 1, AGENT_TIMEOUT_S)
     assert states(store) == {"a/0": DeviceState.LOST}
@@ -592,7 +609,7 @@ def test_deregister_forgets_lost_devices_at_once(store: TrackerStore) -> None:
     assert store.expire(T0 + 10_000, AGENT_TIMEOUT_S, 1.0).pruned_devices == ()
 
 
-def test_deregister_leaves_a_device_another_agent_took_over(store: TrackerStore) -> None:
+def test_deregister_leaves_a_device_another_agent_took_over(store: Store) -> None:
     store.register(validation.registration("a", "h:1", [DeviceSpec("shared", "k")]), T0)
     store.expire(T0 + 10, AGENT_TIMEOUT_S)
     store.register(validation.registration("b", "h:2", [DeviceSpec("shared", "k")]), T0 + 10)
@@ -602,7 +619,7 @@ def test_deregister_leaves_a_device_another_agent_took_over(store: TrackerStore)
 
 
 def test_a_device_registered_again_after_deregister_gets_higher_fences(
-    store: TrackerStore,
+    store: Store,
 ) -> None:
     """The fence survives the device: the same clock reading still gives a higher fence."""
     store.register(registration("a", "k"), T0)
@@ -619,7 +636,7 @@ def test_a_device_registered_again_after_deregister_gets_higher_fences(
     assert again is not None and again.fence == fences[-1] + 1 > int(T0 * 1_000_000)
 
 
-def test_deregister_keeps_queued_requests_for_other_devices(store: TrackerStore) -> None:
+def test_deregister_keeps_queued_requests_for_other_devices(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     ticket = enqueue(store, "q1", key="k")
     store.deregister("a")
@@ -633,9 +650,9 @@ def test_deregister_keeps_queued_requests_for_other_devices(store: TrackerStore)
 
 @redis_only
 def test_deregister_leaves_no_redis_keys_of_the_agent_or_its_devices(
-    store_url: str, redis_server: RedisServer
+    store_url: str, redis_server: RedisServer, loop: LoopThread
 ) -> None:
-    store = open_store(store_url)
+    store = Blocking(open_store(store_url), loop)
     prefix = store_url.split("prefix=")[1]
     client = redis_server.client()
     try:

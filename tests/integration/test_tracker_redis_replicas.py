@@ -1,12 +1,12 @@
 """DevicePools over one real redis-server: replicas, cross-replica wake-ups, restarts, Redis blips.
 
 No reaper runs in these tests unless one is started on purpose, so a waiter on one replica that
-gets a device freed on another was woken by the store's pub/sub channel.
+gets a device freed on another was woken by the store's pub/sub channel. Each replica's pool and
+store run on a loop thread of their own, as in a tracker process (tracker.testing.BlockingPool).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from protos.aio_loop import LoopThread
 from tracker import pool as pool_module
 from tracker.config import TrackerConfig
 from tracker.errors import StoreUnavailable
@@ -24,7 +25,7 @@ from tracker.model import AcquireResult, DeviceSpec, LeaseRequest
 from tracker.pool import DevicePool
 from tracker.store import open_store
 from tracker.store.base import TrackerStore
-from tracker.testing import RedisServer
+from tracker.testing import Blocking, BlockingPool, RedisServer
 
 WAIT_S = 20.0  # bound on every wait; none should come near it
 CONFIG = TrackerConfig(heartbeat_interval_s=5.0, default_lease_ttl_s=30.0)
@@ -46,14 +47,18 @@ class Replicas:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.stores: list[TrackerStore] = []
-        self.pools: list[DevicePool] = []
+        self.stores: list[Blocking[TrackerStore]] = []
+        self.pools: list[BlockingPool] = []
+        self.loops: list[LoopThread] = []
 
-    def start(self, config: TrackerConfig = CONFIG) -> DevicePool:
-        store = open_store(self.url)
+    def start(self, config: TrackerConfig = CONFIG) -> BlockingPool:
+        loop = LoopThread(f"replica-{len(self.loops)}")
+        self.loops.append(loop)
+        store = Blocking(open_store(self.url), loop)
         self.stores.append(store)
-        pool = DevicePool(store, config)
+        pool = BlockingPool(DevicePool(store.target, config), loop)
         self.pools.append(pool)
+        pool.start()
         return pool
 
     def close(self) -> None:
@@ -61,6 +66,8 @@ class Replicas:
             pool.close()
         for store in self.stores:
             store.close()
+        for loop in self.loops:
+            loop.stop()
 
 
 @pytest.fixture
@@ -78,7 +85,7 @@ def wait_until(predicate: Callable[[], bool]) -> None:
 
 
 def start_acquire(
-    pool: DevicePool, results: dict[str, AcquireResult], name: str, **request: Any
+    pool: BlockingPool, results: dict[str, AcquireResult], name: str, **request: Any
 ) -> threading.Thread:
     def run() -> None:
         results[name] = pool.acquire(LeaseRequest(timeout_s=WAIT_S, **request))
@@ -88,11 +95,11 @@ def start_acquire(
     return thread
 
 
-def register(pool: DevicePool, agent_id: str, count: int, key: str = "k") -> None:
+def register(pool: BlockingPool, agent_id: str, count: int, key: str = "k") -> None:
     pool.register(agent_id, f"{agent_id}:1", [DeviceSpec("", key) for _ in range(count)])
 
 
-def queued_ids(pool: DevicePool, store: TrackerStore) -> list[str]:
+def queued_ids(pool: BlockingPool, store: Blocking[TrackerStore]) -> list[str]:
     return [ticket.request_id for ticket, _ in store.queued(time.time())]
 
 
@@ -246,6 +253,9 @@ def test_redis_outage_is_store_unavailable_and_heals(tmp_path: Path) -> None:
 
 
 def test_unreachable_redis_names_the_url() -> None:
-    pool = DevicePool(open_store("redis://127.0.0.1:1/0"), CONFIG)
-    with contextlib.closing(pool._store), pytest.raises(StoreUnavailable, match=r"127\.0\.0\.1:1"):
-        register(pool, "agent", 1)
+    group = Replicas("redis://127.0.0.1:1/0")
+    try:
+        with pytest.raises(StoreUnavailable, match=r"127\.0\.0\.1:1"):
+            register(group.start(), "agent", 1)
+    finally:
+        group.close()

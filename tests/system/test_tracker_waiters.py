@@ -7,11 +7,12 @@ replaced parked one of its 64 threads per waiter: the 65th call waited for a thr
 
 In-process trackers (memory, then redis) whose pool the tests inspect: a waiter whose client cancels
 leaves the queue at once and the device goes to the next waiter; a lease granted to such a waiter
-in the race (before it was dropped) is released.
+in the race (the grant on its way to the store when the client left) is released.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -28,7 +29,6 @@ from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
 from tracker.config import TrackerConfig
 from tracker.server import ServingTracker, create_server
 from tracker.testing import RedisServer
-from tracker.waitqueue import Waiter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 0.4
@@ -36,9 +36,9 @@ WAITERS = 300
 CHANNELS = 3
 WAITER_DEADLINE_S = 20.0
 ANSWER_S = 1.0  # the deadline of each call that must not queue behind the waiters
-# Threads the tracker may add while the waiters queue, independent of their number: the service's
-# thread pools (used with a store that blocks) may fill up.
-THREAD_GROWTH_BOUND = TrackerConfig.agent_workers + TrackerConfig.client_workers
+# Threads the tracker may add while the waiters queue, independent of their number: the pool and
+# its store run on the event loop, so only gRPC's own (its executor) may start a few.
+THREAD_GROWTH_BOUND = 4
 START_TIMEOUT_S = 30.0
 WAIT_TIMEOUT_S = 20.0
 RPC_TIMEOUT_S = 10.0
@@ -217,7 +217,7 @@ def tracker(store: str) -> Iterator[ServingTracker]:
         yield serving
     finally:
         serving.stop(grace_s=0.5)
-    # The loop, the service's threads, the reaper and the store's watcher are all gone. (gRPC's
+    # The loop thread (the reaper and the store's watcher run on it) is gone. (gRPC's
     # asyncio poller thread starts with the first aio server of a process and stays.)
     left = [
         thread.name
@@ -261,20 +261,27 @@ def test_a_lease_granted_to_a_waiter_whose_client_left_is_released(
 ) -> None:
     register(stub, "agent")
     holder = acquire_now(stub, "holder")
-    abandon = tracker.pool.abandon
+    store = tracker.pool._store
+    grant = store.grant
     granted_in_race: list[Any] = []
 
-    def release_first(waiter: Waiter) -> Any:
-        # The holder's release lands after the client left, before its waiter is dropped: the
-        # device is granted to the waiter of a client that is gone.
-        tracker.pool.release(holder.lease_id)
-        granted_in_race.append(waiter.lease)
-        return abandon(waiter)
+    async def grant_after_the_client_left(request: Any, *args: Any, **kwargs: Any) -> Any:
+        if request.user == "ghost":
+            # The dispatch that the holder's release started asks the store for the ghost's
+            # device; its client leaves before the answer comes: the device is granted to the
+            # waiter of a client that is gone.
+            ghost.cancel()
+            deadline = time.monotonic() + WAIT_TIMEOUT_S
+            while tracker.pool.waiting and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            granted_in_race.append(await grant(request, *args, **kwargs))
+            return granted_in_race[-1]
+        return await grant(request, *args, **kwargs)
 
-    monkeypatch.setattr(tracker.pool, "abandon", release_first)
     ghost = wait_for(stub, "ghost")
     wait_until("the ghost queued", lambda: tracker.pool.waiting == 1)
-    ghost.cancel()
+    monkeypatch.setattr(store, "grant", grant_after_the_client_left)
+    stub.Release(tracker_pb2.ReleaseRequest(lease_id=holder.lease_id), timeout=RPC_TIMEOUT_S)
     wait_until("the ghost dropped", lambda: len(granted_in_race) == 1 and not tracker.pool.waiting)
     [lease] = granted_in_race
     assert lease is not None and lease.user == "ghost"

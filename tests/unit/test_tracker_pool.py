@@ -1,7 +1,12 @@
-"""DevicePool: validation, waiting, priority order, reasons, expiry; fake clock, no sockets."""
+"""DevicePool: validation, waiting, priority order, reasons, expiry; fake clock, no sockets.
+
+The pool's methods are coroutines: the tests call them through tracker.testing.BlockingPool on one
+loop thread per module, and a waiting Acquire is a thread blocked on such a call.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -10,12 +15,14 @@ from typing import Any
 
 import pytest
 
+from protos.aio_loop import LoopThread
 from tracker import pool as pool_module
 from tracker.config import TrackerConfig
 from tracker.errors import InvalidArgument, LeaseLost
 from tracker.model import AcquireResult, DeviceSpec, DeviceState, Lease, LeaseRequest
 from tracker.pool import DevicePool
 from tracker.store.memory import MemoryStore
+from tracker.testing import Blocking, BlockingPool
 from tracker.waitqueue import Waiter
 
 # No startup grace: these pools are not restarts, so an unknown selector fails fast at once.
@@ -41,9 +48,25 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    loop = LoopThread("test-pool-loop")
+    yield loop
+    loop.stop()
+
+
+def new_pool(
+    loop: LoopThread,
+    clock: FakeClock,
+    store: MemoryStore | None = None,
+    config: TrackerConfig = CONFIG,
+) -> BlockingPool:
+    return BlockingPool(DevicePool(store or MemoryStore(), config, clock=clock), loop)
+
+
 @pytest.fixture
-def pool(clock: FakeClock) -> Iterator[DevicePool]:
-    pool = DevicePool(MemoryStore(), CONFIG, clock=clock)
+def pool(clock: FakeClock, loop: LoopThread) -> Iterator[BlockingPool]:
+    pool = new_pool(loop, clock)
     yield pool
     pool.close()
 
@@ -55,22 +78,22 @@ def wait_until(predicate: Callable[[], bool]) -> None:
         time.sleep(0.005)
 
 
-def wait_for_waiters(pool: DevicePool, count: int) -> None:
+def wait_for_waiters(pool: BlockingPool, count: int) -> None:
     wait_until(lambda: pool.waiting == count)
 
 
-def register(pool: DevicePool, agent_id: str, *specs: DeviceSpec) -> None:
+def register(pool: BlockingPool, agent_id: str, *specs: DeviceSpec) -> None:
     pool.register(agent_id, f"{agent_id}.local:9000", specs)
 
 
-def take(pool: DevicePool, **request: Any) -> Lease:
+def take(pool: BlockingPool, **request: Any) -> Lease:
     result = pool.acquire(LeaseRequest(**request))
     assert result.lease is not None, result.reason
     return result.lease
 
 
 def start_acquire(
-    pool: DevicePool, results: list[tuple[str, AcquireResult]], name: str, **request: Any
+    pool: BlockingPool, results: list[tuple[str, AcquireResult]], name: str, **request: Any
 ) -> threading.Thread:
     """Acquire in a thread; on a grant, record the name and release at once."""
 
@@ -85,7 +108,7 @@ def start_acquire(
     return thread
 
 
-def test_acquire_by_key_and_tags(pool: DevicePool) -> None:
+def test_acquire_by_key_and_tags(pool: BlockingPool) -> None:
     register(
         pool,
         "a",
@@ -103,7 +126,7 @@ def test_acquire_by_key_and_tags(pool: DevicePool) -> None:
     assert take(pool).device.device_id == "a/0"
 
 
-def test_no_match_and_all_busy_have_distinct_reasons(pool: DevicePool) -> None:
+def test_no_match_and_all_busy_have_distinct_reasons(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "arm", {"board": "rk3399"}), DeviceSpec("", "arm"))
     result = pool.acquire(LeaseRequest(key="arm", tag_selector={"board": "rpi4"}))
     assert result.lease is None
@@ -115,7 +138,7 @@ def test_no_match_and_all_busy_have_distinct_reasons(pool: DevicePool) -> None:
     assert pool.waiting == 0
 
 
-def test_lost_devices_reason(pool: DevicePool, clock: FakeClock) -> None:
+def test_lost_devices_reason(pool: BlockingPool, clock: FakeClock) -> None:
     register(pool, "a", DeviceSpec("", "arm"))
     clock.advance(CONFIG.agent_timeout_s + 1)
     pool.reap()
@@ -124,7 +147,7 @@ def test_lost_devices_reason(pool: DevicePool, clock: FakeClock) -> None:
 
 
 def acquire_in_thread(
-    pool: DevicePool, request: LeaseRequest
+    pool: BlockingPool, request: LeaseRequest
 ) -> tuple[threading.Thread, list[AcquireResult]]:
     results: list[AcquireResult] = []
     thread = threading.Thread(target=lambda: results.append(pool.acquire(request)), daemon=True)
@@ -148,7 +171,7 @@ def acquire_in_thread(
     ],
 )
 def test_unregistered_selector_fails_at_once_despite_a_long_timeout(
-    pool: DevicePool, request_fields: dict[str, Any], reason: str
+    pool: BlockingPool, request_fields: dict[str, Any], reason: str
 ) -> None:
     register(pool, "a", DeviceSpec("", "arm", {"board": "rk3399"}))
     take(pool, key="arm")  # busy devices of other selectors do not make it wait either
@@ -163,7 +186,7 @@ def test_unregistered_selector_fails_at_once_despite_a_long_timeout(
     assert pool.queue_depths() == {}  # never queued, so it blocked nobody
 
 
-def test_busy_devices_still_make_a_request_wait(pool: DevicePool) -> None:
+def test_busy_devices_still_make_a_request_wait(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     held = take(pool, key="k")
     thread, results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=60.0))
@@ -176,7 +199,7 @@ def test_busy_devices_still_make_a_request_wait(pool: DevicePool) -> None:
 
 
 def test_lost_devices_make_a_request_wait_for_their_agent(
-    pool: DevicePool, clock: FakeClock
+    pool: BlockingPool, clock: FakeClock
 ) -> None:
     """A LOST device is known: its agent usually registers again under its old id."""
     register(pool, "a", DeviceSpec("", "k"))
@@ -190,9 +213,11 @@ def test_lost_devices_make_a_request_wait_for_their_agent(
     assert results[0].lease is not None and results[0].lease.device.device_id == "a/0"
 
 
-def test_within_the_startup_grace_an_unregistered_selector_waits(clock: FakeClock) -> None:
+def test_within_the_startup_grace_an_unregistered_selector_waits(
+    clock: FakeClock, loop: LoopThread
+) -> None:
     """A restarted tracker knows no device until its agents register again."""
-    pool = DevicePool(MemoryStore(), dataclasses.replace(CONFIG, startup_grace_s=60.0), clock=clock)
+    pool = new_pool(loop, clock, config=dataclasses.replace(CONFIG, startup_grace_s=60.0))
     try:
         thread, results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=WAIT_S))
         wait_for_waiters(pool, 1)
@@ -203,8 +228,10 @@ def test_within_the_startup_grace_an_unregistered_selector_waits(clock: FakeCloc
         pool.close()
 
 
-def test_the_startup_grace_ends_with_the_unregistered_reason(clock: FakeClock) -> None:
-    pool = DevicePool(MemoryStore(), dataclasses.replace(CONFIG, startup_grace_s=0.5), clock=clock)
+def test_the_startup_grace_ends_with_the_unregistered_reason(
+    clock: FakeClock, loop: LoopThread
+) -> None:
+    pool = new_pool(loop, clock, config=dataclasses.replace(CONFIG, startup_grace_s=0.5))
     try:
         thread, results = acquire_in_thread(pool, LeaseRequest(key="k", timeout_s=60.0))
         thread.join(WAIT_S)  # answered when the grace ends, not at the 60 s deadline
@@ -226,18 +253,22 @@ class SlowLookupStore(MemoryStore):
         self.entered = threading.Event()
         self.go = threading.Event()
 
-    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[Any]:
+    async def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[Any]:
         if key == "slow":
             self.entered.set()
-            self.go.wait(WAIT_S)
-        return super().devices(key, after, limit)
+            deadline = time.monotonic() + WAIT_S
+            while not self.go.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+        return await super().devices(key, after, limit)
 
 
-def test_the_check_at_the_end_of_the_grace_does_not_stall_other_waiters(clock: FakeClock) -> None:
-    """The store is asked without the pool's lock: a slow answer for one waiter's selector
-    must not hold up a grant to another."""
+def test_the_check_at_the_end_of_the_grace_does_not_stall_other_waiters(
+    clock: FakeClock, loop: LoopThread
+) -> None:
+    """A slow answer from the store for one waiter's selector must not hold up a grant to
+    another."""
     store = SlowLookupStore()
-    pool = DevicePool(store, dataclasses.replace(CONFIG, startup_grace_s=0.3), clock=clock)
+    pool = new_pool(loop, clock, store, dataclasses.replace(CONFIG, startup_grace_s=0.3))
     try:
         register(pool, "a", DeviceSpec("", "k"))
         held = take(pool, key="k")
@@ -257,7 +288,7 @@ def test_the_check_at_the_end_of_the_grace_does_not_stall_other_waiters(clock: F
         pool.close()
 
 
-def test_priority_then_fifo(pool: DevicePool) -> None:
+def test_priority_then_fifo(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     held = take(pool, key="k")
     results: list[tuple[str, AcquireResult]] = []
@@ -272,7 +303,7 @@ def test_priority_then_fifo(pool: DevicePool) -> None:
     assert all(result.lease is not None for _, result in results)
 
 
-def test_new_request_does_not_jump_the_queue(pool: DevicePool) -> None:
+def test_new_request_does_not_jump_the_queue(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     held = take(pool, key="k")
     results: list[tuple[str, AcquireResult]] = []
@@ -284,7 +315,7 @@ def test_new_request_does_not_jump_the_queue(pool: DevicePool) -> None:
 
 
 def test_waiter_is_granted_a_device_freed_by_lease_expiry(
-    pool: DevicePool, clock: FakeClock
+    pool: BlockingPool, clock: FakeClock
 ) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     take(pool, key="k", lease_ttl_s=10)
@@ -299,7 +330,7 @@ def test_waiter_is_granted_a_device_freed_by_lease_expiry(
     assert [(name, result.lease is not None) for name, result in results] == [("waiter", True)]
 
 
-def test_cancelled_request_leaves_the_queue(pool: DevicePool) -> None:
+def test_cancelled_request_leaves_the_queue(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     take(pool, key="k")
     cancelled = threading.Event()
@@ -312,21 +343,20 @@ def test_cancelled_request_leaves_the_queue(pool: DevicePool) -> None:
     thread.start()
     wait_until(lambda: pool.waiting == 1)
     cancelled.set()
-    pool.wake()
     thread.join(WAIT_S)
     assert not thread.is_alive()
     assert results[0].lease is None and results[0].reason == pool_module.REASON_CANCELLED
     assert pool.waiting == 0
 
 
-def test_client_deadline_bounds_the_wait(pool: DevicePool) -> None:
+def test_client_deadline_bounds_the_wait(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     take(pool, key="k")
     result = pool.acquire(LeaseRequest(key="k", timeout_s=60), client_time_remaining_s=0.0)
     assert result.reason == "all 1 matching devices busy"
 
 
-def test_close_answers_waiters(pool: DevicePool) -> None:
+def test_close_answers_waiters(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     take(pool, key="k")
     results: list[AcquireResult] = []
@@ -340,7 +370,7 @@ def test_close_answers_waiters(pool: DevicePool) -> None:
     assert results[0].reason == pool_module.REASON_SHUTTING_DOWN
 
 
-def test_lease_expiry_frees_the_device(pool: DevicePool, clock: FakeClock) -> None:
+def test_lease_expiry_frees_the_device(pool: BlockingPool, clock: FakeClock) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     lease = take(pool, key="k")
     assert lease.expires_at_unix == clock.now + CONFIG.default_lease_ttl_s
@@ -359,7 +389,7 @@ def test_lease_expiry_frees_the_device(pool: DevicePool, clock: FakeClock) -> No
 
 
 def test_silent_agent_makes_devices_lost_and_renew_says_why(
-    pool: DevicePool, clock: FakeClock
+    pool: BlockingPool, clock: FakeClock
 ) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     lease = take(pool, key="k", user="carol")
@@ -377,7 +407,7 @@ def test_silent_agent_makes_devices_lost_and_renew_says_why(
     assert [status.state for status in pool.list_devices()] == [DeviceState.FREE]
 
 
-def test_release_twice_is_false_not_an_error(pool: DevicePool) -> None:
+def test_release_twice_is_false_not_an_error(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     lease = take(pool)
     assert pool.release(lease.lease_id).released is True
@@ -386,13 +416,13 @@ def test_release_twice_is_false_not_an_error(pool: DevicePool) -> None:
     assert pool.release("unknown").reason == "unknown lease"
 
 
-def test_ttl_defaults_and_clamps(pool: DevicePool, clock: FakeClock) -> None:
+def test_ttl_defaults_and_clamps(pool: BlockingPool, clock: FakeClock) -> None:
     register(pool, "a", DeviceSpec("", "k"), DeviceSpec("", "k"))
     assert take(pool, lease_ttl_s=0).expires_at_unix == clock.now + CONFIG.default_lease_ttl_s
     assert take(pool, lease_ttl_s=1e6).expires_at_unix == clock.now + CONFIG.max_lease_ttl_s
 
 
-def test_list_devices_reports_queue_depth(pool: DevicePool) -> None:
+def test_list_devices_reports_queue_depth(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"), DeviceSpec("", "other"))
     take(pool, key="k")
     cancelled = threading.Event()
@@ -404,7 +434,6 @@ def test_list_devices_reports_queue_depth(pool: DevicePool) -> None:
     depths = {status.spec.device_id: status.queue_depth for status in pool.list_devices()}
     assert depths == {"a/0": 1, "a/1": 0}
     cancelled.set()
-    pool.wake()
     waiter.join(WAIT_S)
 
 
@@ -433,7 +462,7 @@ def test_list_devices_reports_queue_depth(pool: DevicePool) -> None:
     ],
 )
 def test_invalid_register(
-    pool: DevicePool, agent_id: str, specs: list[DeviceSpec], message: str
+    pool: BlockingPool, agent_id: str, specs: list[DeviceSpec], message: str
 ) -> None:
     with pytest.raises(InvalidArgument, match=message):
         pool.register(agent_id, "h:1", specs)
@@ -441,7 +470,7 @@ def test_invalid_register(
 
 
 @pytest.mark.parametrize("field", ["timeout_s", "lease_ttl_s"])
-def test_invalid_acquire(pool: DevicePool, field: str) -> None:
+def test_invalid_acquire(pool: BlockingPool, field: str) -> None:
     fields: dict[str, Any] = {field: -1.0}
     with pytest.raises(InvalidArgument, match=field):
         pool.acquire(LeaseRequest(**fields))
@@ -454,7 +483,7 @@ def test_invalid_acquire(pool: DevicePool, field: str) -> None:
 
 
 def start_waiting(
-    pool: DevicePool, results: dict[str, AcquireResult], name: str, **request: Any
+    pool: BlockingPool, results: dict[str, AcquireResult], name: str, **request: Any
 ) -> threading.Thread:
     """Acquire in a thread and record the result under `name`, keeping any lease."""
 
@@ -466,7 +495,7 @@ def start_waiting(
     return thread
 
 
-def test_same_request_id_takes_over_the_waiting_call(pool: DevicePool) -> None:
+def test_same_request_id_takes_over_the_waiting_call(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     held = take(pool, key="k")
     results: dict[str, AcquireResult] = {}
@@ -481,10 +510,10 @@ def test_same_request_id_takes_over_the_waiting_call(pool: DevicePool) -> None:
     assert results["second"].lease is not None
 
 
-def test_queue_position_survives_a_restart_of_the_pool(clock: FakeClock) -> None:
+def test_queue_position_survives_a_restart_of_the_pool(clock: FakeClock, loop: LoopThread) -> None:
     """Two pools over one store in turn: the second re-attaches the first one's waiters."""
-    store = MemoryStore()
-    before = DevicePool(store, CONFIG, clock=clock)
+    store = Blocking(MemoryStore(), loop)
+    before = new_pool(loop, clock, store.target)
     register(before, "a", DeviceSpec("", "k"))
     held = take(before, key="k")
     results: dict[str, AcquireResult] = {}
@@ -494,7 +523,7 @@ def test_queue_position_survives_a_restart_of_the_pool(clock: FakeClock) -> None
     for thread in threads:
         thread.join(WAIT_S)
     assert {results["x"].reason, results["y"].reason} == {pool_module.REASON_SHUTTING_DOWN}
-    after = DevicePool(store, CONFIG, clock=clock)
+    after = new_pool(loop, clock, store.target)
     results.clear()
     late = start_waiting(after, results, "y", key="k", request_id="y")  # y retries first
     wait_for_waiters(after, 1)
@@ -507,9 +536,11 @@ def test_queue_position_survives_a_restart_of_the_pool(clock: FakeClock) -> None
     late.join(WAIT_S)
 
 
-def test_entries_of_a_dead_pool_stop_blocking_after_their_ttl(clock: FakeClock) -> None:
-    store = MemoryStore()
-    dead = DevicePool(store, CONFIG, clock=clock)
+def test_entries_of_a_dead_pool_stop_blocking_after_their_ttl(
+    clock: FakeClock, loop: LoopThread
+) -> None:
+    store = Blocking(MemoryStore(), loop)
+    dead = new_pool(loop, clock, store.target)
     register(dead, "a", DeviceSpec("", "k"))
     held = take(dead, key="k")
     results: dict[str, AcquireResult] = {}
@@ -517,7 +548,7 @@ def test_entries_of_a_dead_pool_stop_blocking_after_their_ttl(clock: FakeClock) 
     wait_until(lambda: len(store.queued(clock.now)) == 1)
     dead.close()
     orphan.join(WAIT_S)
-    alive = DevicePool(store, CONFIG, clock=clock)
+    alive = new_pool(loop, clock, store.target)
     alive.release(held.lease_id)
     newcomer = start_waiting(alive, results, "newcomer", key="k")
     wait_for_waiters(alive, 1)
@@ -530,7 +561,7 @@ def test_entries_of_a_dead_pool_stop_blocking_after_their_ttl(clock: FakeClock) 
     alive.close()
 
 
-def test_reap_keeps_live_waiters_queued(pool: DevicePool, clock: FakeClock) -> None:
+def test_reap_keeps_live_waiters_queued(pool: BlockingPool, clock: FakeClock) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     take(pool, key="k")
     results: dict[str, AcquireResult] = {}
@@ -545,9 +576,9 @@ def test_reap_keeps_live_waiters_queued(pool: DevicePool, clock: FakeClock) -> N
     waiter.join(WAIT_S)
 
 
-def test_lost_devices_are_pruned_after_the_retention(clock: FakeClock) -> None:
+def test_lost_devices_are_pruned_after_the_retention(clock: FakeClock, loop: LoopThread) -> None:
     config = TrackerConfig(heartbeat_interval_s=1.0, lost_device_retention_s=60.0)
-    pool = DevicePool(MemoryStore(), config, clock=clock)
+    pool = new_pool(loop, clock, config=config)
     register(pool, "a", DeviceSpec("", "k"))
     clock.advance(config.agent_timeout_s + 1)
     assert pool.reap().lost_devices == ("a/0",)
@@ -558,7 +589,9 @@ def test_lost_devices_are_pruned_after_the_retention(clock: FakeClock) -> None:
     assert result.reason == "no registered device matches key='k' tags={}"
 
 
-def test_renew_issues_a_fresh_token_with_the_same_fence(pool: DevicePool, clock: FakeClock) -> None:
+def test_renew_issues_a_fresh_token_with_the_same_fence(
+    pool: BlockingPool, clock: FakeClock
+) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     lease = take(pool, key="k")
     clock.advance(1.0)
@@ -571,7 +604,7 @@ def test_renew_issues_a_fresh_token_with_the_same_fence(pool: DevicePool, clock:
     ]
 
 
-def waiting_for(pool: DevicePool, user: str) -> Waiter:
+def waiting_for(pool: BlockingPool, user: str) -> Waiter:
     """start_acquire's queued Waiter: nothing waits on it until the test looks."""
     started = pool.start_acquire(LeaseRequest(key="k", user=user, timeout_s=60))
     assert isinstance(started, Waiter), started
@@ -579,21 +612,21 @@ def waiting_for(pool: DevicePool, user: str) -> Waiter:
 
 
 def test_a_queued_waiter_holds_no_thread_and_its_future_completes_on_a_grant(
-    pool: DevicePool,
+    pool: BlockingPool,
 ) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     held = take(pool, key="k")
     waiter = waiting_for(pool, "w")
     assert not waiter.future.done() and pool.waiting == 1
     pool.release(held.lease_id)
-    assert waiter.future.done()  # completed by the releasing call's dispatch, on this thread
+    assert waiter.future.done()  # completed by the releasing call's dispatch
     result = pool.finish(waiter)
     assert result.lease is not None and result.lease.user == "w"
     assert pool.waiting == 0
 
 
 def test_abandon_drops_the_waiter_and_releases_a_lease_granted_in_the_race(
-    pool: DevicePool,
+    pool: BlockingPool,
 ) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     held = take(pool, key="k")
@@ -609,7 +642,7 @@ def test_abandon_drops_the_waiter_and_releases_a_lease_granted_in_the_race(
         pool.renew(ghost.lease.lease_id)
 
 
-def test_close_completes_the_futures_of_waiters(pool: DevicePool) -> None:
+def test_close_completes_the_futures_of_waiters(pool: BlockingPool) -> None:
     register(pool, "a", DeviceSpec("", "k"))
     take(pool, key="k")
     waiter = waiting_for(pool, "w")
@@ -625,14 +658,16 @@ class CountingStore(MemoryStore):
         super().__init__()
         self.full_reads = 0
 
-    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[Any]:
+    async def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[Any]:
         self.full_reads += 1
-        return super().devices(key, after, limit)
+        return await super().devices(key, after, limit)
 
 
-def test_no_device_looks_at_lost_devices_only_when_nothing_live_matches(clock: FakeClock) -> None:
+def test_no_device_looks_at_lost_devices_only_when_nothing_live_matches(
+    clock: FakeClock, loop: LoopThread
+) -> None:
     store = CountingStore()
-    pool = DevicePool(store, CONFIG, clock=clock)
+    pool = new_pool(loop, clock, store)
     register(pool, "dead", *[DeviceSpec("", "k")] * 200)
     clock.advance(CONFIG.agent_timeout_s + 1)
     assert len(pool.reap().lost_devices) == 200

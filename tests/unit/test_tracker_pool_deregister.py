@@ -11,11 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from protos.aio_loop import LoopThread
 from tracker.config import TrackerConfig
 from tracker.errors import InvalidArgument, LeaseLost
 from tracker.model import AcquireResult, DeviceSpec, DeviceState, Lease, LeaseRequest
 from tracker.pool import DevicePool
 from tracker.store.memory import MemoryStore
+from tracker.testing import BlockingPool
 
 CONFIG = TrackerConfig(heartbeat_interval_s=2.0, startup_grace_s=0.0)
 WAIT_S = 5.0  # bound on every wait in these tests; none should come near it
@@ -29,21 +31,28 @@ class FakeClock:
         return self.now
 
 
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    loop = LoopThread("test-pool-loop")
+    yield loop
+    loop.stop()
+
+
 @pytest.fixture
-def pool() -> Iterator[DevicePool]:
-    pool = DevicePool(MemoryStore(), CONFIG, clock=FakeClock())
+def pool(loop: LoopThread) -> Iterator[BlockingPool]:
+    pool = BlockingPool(DevicePool(MemoryStore(), CONFIG, clock=FakeClock()), loop)
     yield pool
     pool.close()
 
 
-def take(pool: DevicePool, key: str) -> Lease:
+def take(pool: BlockingPool, key: str) -> Lease:
     result = pool.acquire(LeaseRequest(key=key))
     assert result.lease is not None, result.reason
     return result.lease
 
 
 def acquire_in_thread(
-    pool: DevicePool, request: LeaseRequest
+    pool: BlockingPool, request: LeaseRequest
 ) -> tuple[threading.Thread, list[AcquireResult]]:
     results: list[AcquireResult] = []
     thread = threading.Thread(target=lambda: results.append(pool.acquire(request)), daemon=True)
@@ -51,7 +60,7 @@ def acquire_in_thread(
     return thread, results
 
 
-def wait_for_waiters(pool: DevicePool, count: int) -> None:
+def wait_for_waiters(pool: BlockingPool, count: int) -> None:
     deadline = time.monotonic() + WAIT_S
     while pool.waiting != count:
         assert time.monotonic() < deadline, f"never {count} waiters"
@@ -67,13 +76,13 @@ def wait_for_waiters(pool: DevicePool, count: int) -> None:
         ("a|b", "agent_id must be 1 to 128 characters"),
     ],
 )
-def test_a_malformed_agent_id_is_invalid(pool: DevicePool, agent_id: str, message: str) -> None:
+def test_a_malformed_agent_id_is_invalid(pool: BlockingPool, agent_id: str, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         pool.deregister(agent_id)
 
 
 def test_deregister_counts_devices_logs_once_and_ends_leases(
-    pool: DevicePool, caplog: pytest.LogCaptureFixture
+    pool: BlockingPool, caplog: pytest.LogCaptureFixture
 ) -> None:
     pool.register("a", "a.local:9000", [DeviceSpec("", "k"), DeviceSpec("", "k")])
     pool.register("b", "b.local:9000", [DeviceSpec("", "j")])
@@ -94,7 +103,7 @@ def test_deregister_counts_devices_logs_once_and_ends_leases(
     assert pool.heartbeat("a") is False
 
 
-def test_waiters_stay_queued_for_the_other_devices(pool: DevicePool) -> None:
+def test_waiters_stay_queued_for_the_other_devices(pool: BlockingPool) -> None:
     pool.register("a", "a.local:9000", [DeviceSpec("", "k")])
     pool.register("b", "b.local:9000", [DeviceSpec("", "k")])
     take(pool, "k")
@@ -109,7 +118,7 @@ def test_waiters_stay_queued_for_the_other_devices(pool: DevicePool) -> None:
     assert result.lease is not None and result.lease.device.device_id == "b/0"
 
 
-def test_a_waiter_that_now_matches_nothing_waits_out_its_deadline(pool: DevicePool) -> None:
+def test_a_waiter_that_now_matches_nothing_waits_out_its_deadline(pool: BlockingPool) -> None:
     pool.register("a", "a.local:9000", [DeviceSpec("", "only")])
     take(pool, "only")
     thread, results = acquire_in_thread(pool, LeaseRequest(key="only", timeout_s=0.3))

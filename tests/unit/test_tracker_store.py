@@ -6,6 +6,8 @@ tests/integration/test_tracker_redis_contract.py.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from protos import fencing
@@ -45,14 +47,16 @@ def test_next_fence_is_time_based_and_strictly_increasing() -> None:
 
 def test_a_restarted_memory_store_still_issues_higher_fences() -> None:
     registration = validation.registration("a", "h:1", [DeviceSpec("", "k")])
-    fences = []
-    for now in (T0, T0 + 0.001):  # two "processes", the second started a millisecond later
+
+    async def fence_at(now: float) -> int:
         store = MemoryStore()
-        store.register(registration, now)
-        lease = store.grant(LeaseRequest(), "L", now, 30.0, ephemeral_issuer())
+        await store.register(registration, now)
+        lease = await store.grant(LeaseRequest(), "L", now, 30.0, ephemeral_issuer())
         assert lease is not None
-        fences.append(lease.fence)
-    assert fences[1] > fences[0]
+        return lease.fence
+
+    # two "processes", the second started a millisecond later
+    assert asyncio.run(fence_at(T0 + 0.001)) > asyncio.run(fence_at(T0))
 
 
 @pytest.mark.parametrize(
@@ -87,10 +91,10 @@ def test_bad_store_names_are_refused(name: str, message: str) -> None:
 def test_redis_store_connects_lazily() -> None:
     store = open_store("redis://127.0.0.1:1/0?prefix=x:")  # nothing listens there; no I/O yet
     assert isinstance(store, RedisStore) and store.prefix == "x:"
-    store.close()
+    asyncio.run(store.close())
 
 
 def test_redis_store_names_itself_without_the_password() -> None:
     store = open_store("redis://:hunter2@127.0.0.1:1/0")
     assert isinstance(store, RedisStore) and store.url == "redis://127.0.0.1:1/0"
-    store.close()
+    asyncio.run(store.close())

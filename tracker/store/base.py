@@ -1,10 +1,15 @@
 """The TrackerStore contract: every state transition of the pool as one atomic method.
 
 A store owns agents, devices, leases, per-device fences and the pool-wide queue of waiting Acquire
-requests. The DevicePool above it owns the waiting threads and the clock; it passes `now_unix` into
+requests. The DevicePool above it owns the waiting calls and the clock; it passes `now_unix` into
 every call, so a store never reads a clock (tests inject time, and replicas sharing a redis store
-agree on it). Each method is one transition that an implementation MUST make atomic (a lock for
-memory; a Lua script for redis), so two tracker threads or replicas can never both grant one device.
+agree on it). Each method is one transition that an implementation MUST make atomic (memory: a
+method that never awaits; redis: a Lua script), so two concurrent calls or replicas can never both
+grant one device.
+
+The methods are coroutines, awaited on the tracker's event loop: a store that does I/O (redis)
+does it asynchronously, so no call holds a thread while it waits for an answer. A store object
+belongs to the loop that first awaits it.
 
 Invariants every implementation MUST keep:
 - a device has at most one active lease, and a lease names exactly one device;
@@ -73,7 +78,7 @@ class TrackerStore(abc.ABC):
     """Agents, devices, leases and queued requests of one pool."""
 
     @abc.abstractmethod
-    def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
+    async def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
         """Make `registration.devices` the agent's whole device set and mark it alive.
 
         MUST be idempotent. A device that stays keeps its lease; a device no longer listed is
@@ -88,11 +93,11 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def heartbeat(self, agent_id: str, now_unix: float) -> bool:
+    async def heartbeat(self, agent_id: str, now_unix: float) -> bool:
         """Record a heartbeat; False (and no change) when the agent is unknown or expired."""
 
     @abc.abstractmethod
-    def deregister(self, agent_id: str) -> Deregistered:
+    async def deregister(self, agent_id: str) -> Deregistered:
         """Forget the agent and all of its devices, live or LOST, in one atomic step.
 
         A lease on one of them ends with REASON_AGENT_DEREGISTERED (its holder's Renew and Release
@@ -105,7 +110,7 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def grant(
+    async def grant(
         self,
         request: LeaseRequest,
         lease_id: str,
@@ -125,7 +130,7 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def renew(
+    async def renew(
         self, lease_id: str, now_unix: float, ttl_s: float, issue_token: TokenIssuer
     ) -> Lease:
         """Extend an active lease to `now_unix + ttl_s`, with a fresh token for the new expiry.
@@ -138,7 +143,7 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def release(self, lease_id: str, now_unix: float) -> Lease:
+    async def release(self, lease_id: str, now_unix: float) -> Lease:
         """End an active lease (REASON_RELEASED) and free its device.
 
         Returns:
@@ -149,7 +154,7 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def expire(
+    async def expire(
         self,
         now_unix: float,
         agent_timeout_s: float,
@@ -164,21 +169,21 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
+    async def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
         """Known devices with `key` ("" = all), LOST ones included, sorted by device_id: those
         whose id sorts after `after` ("" = from the first), at most `limit` (0 = all)."""
 
     @abc.abstractmethod
-    def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+    async def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
         """The known devices among `device_ids` (unknown ids left out), in no particular order."""
 
     @abc.abstractmethod
-    def live_devices(self, key: str = "") -> list[DeviceRecord]:
+    async def live_devices(self, key: str = "") -> list[DeviceRecord]:
         """The devices with `key` ("" = all) of live agents, in no particular order: what a
         NO_DEVICE answer looks at first, without touching the LOST ones."""
 
     @abc.abstractmethod
-    def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
+    async def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
         """Queue `request` (its request_id MUST be set) until `now_unix + ttl_s`.
 
         If a live entry with that request_id is queued, it is taken over: its expiry is refreshed
@@ -186,7 +191,7 @@ class TrackerStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def keep_queued(
+    async def keep_queued(
         self,
         entries: Sequence[tuple[QueueTicket, LeaseRequest]],
         now_unix: float,
@@ -196,22 +201,23 @@ class TrackerStore(abc.ABC):
         a sweep dropped meanwhile with their original ticket."""
 
     @abc.abstractmethod
-    def dequeue(self, request_id: str) -> None:
+    async def dequeue(self, request_id: str) -> None:
         """Drop a queued request (answered, cancelled, timed out); no error when absent."""
 
     @abc.abstractmethod
-    def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
+    async def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
         """Live queued requests of every replica, in service order."""
 
-    def queued_shapes(self, now_unix: float) -> dict[Shape, int]:
+    async def queued_shapes(self, now_unix: float) -> dict[Shape, int]:
         """How many live queued requests there are per shape (key, sorted tag selector): what
         ListDevices' queue depths need, without the requests themselves."""
-        return shape_counts(request for _, request in self.queued(now_unix))
+        return shape_counts(request for _, request in await self.queued(now_unix))
 
-    def watch(self, on_change: Callable[[str | None], None]) -> None:
-        """Call `on_change` (from any thread) when another process may have freed a device or
-        left the queue, so waiters here get a chance at it: with the freed device's key when
-        that is all that changed, else None.
+    async def watch(self, on_change: Callable[[str | None], None]) -> None:
+        """From now on, call `on_change` (on this event loop) when another process may have
+        freed a device or left the queue, so waiters here get a chance at it: with the freed
+        device's key when that is all that changed, else None. Returns without waiting for a
+        change; `close` stops the watching.
 
         A store that only one process uses (memory) never needs to call it; the default does
         nothing. Calls may be missed (the pool also re-dispatches on every reap).
@@ -219,5 +225,5 @@ class TrackerStore(abc.ABC):
         del on_change
 
     @abc.abstractmethod
-    def close(self) -> None:
+    async def close(self) -> None:
         """Release connections and background resources; later calls are not required to work."""

@@ -1,4 +1,7 @@
-"""The embedded store: all state in dicts behind one lock; lost when the process exits."""
+"""The embedded store: all state in dicts; lost when the process exits.
+
+Every method runs to its end without awaiting, so on the event loop each is atomic without a lock.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import threading
 from collections.abc import Sequence
 
 from tracker.errors import InvalidArgument, LeaseLost
@@ -56,10 +58,9 @@ class _Queued:
 
 
 class MemoryStore(base.TrackerStore):
-    """TrackerStore in process memory; every method holds one lock, so each is atomic."""
+    """TrackerStore in process memory; no method awaits, so each is atomic on the event loop."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._agents: dict[str, _Agent] = {}
         self._devices: dict[str, _Device] = {}
         self._leases: dict[str, Lease] = {}
@@ -72,69 +73,66 @@ class MemoryStore(base.TrackerStore):
         self._free: list[str] = []
         self._free_by_key: dict[str, list[str]] = collections.defaultdict(list)
 
-    def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
+    async def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
         agent_id = registration.agent_id
-        with self._lock:
-            for index, spec in enumerate(registration.devices):
-                device = self._devices.get(spec.device_id)
-                if device is None or device.agent_id == agent_id:
-                    continue
-                if not self._agents[device.agent_id].expired:
-                    raise InvalidArgument(
-                        f"devices[{index}].device_id {spec.device_id!r} is registered by live "
-                        f"agent {device.agent_id!r}"
-                    )
-            ended: list[str] = []
-            new_ids = {spec.device_id for spec in registration.devices}
-            old = self._agents.get(agent_id)
-            for device_id in old.device_ids if old else ():
-                if device_id not in new_ids:
-                    ended += self._drop_device(device_id, base.REASON_DEVICE_DROPPED)
-            for spec in registration.devices:
-                device = self._devices.get(spec.device_id)
-                if device is not None and device.agent_id != agent_id:
-                    # Taking over from an expired agent: its leases ended when it expired.
-                    self._agents[device.agent_id].device_ids.remove(spec.device_id)
-                    device = None
-                if device is None:
-                    device = self._devices[spec.device_id] = _Device(spec, agent_id)
-                else:
-                    self._mark_busy(device)  # its key may change
-                    device.spec = spec
-                if device.lease_id is None:
-                    self._mark_free(device)
-            self._agents[agent_id] = _Agent(
-                address=registration.agent_address,
-                last_heartbeat_unix=now_unix,
-                device_ids=[spec.device_id for spec in registration.devices],
-            )
-            return tuple(ended)
+        for index, spec in enumerate(registration.devices):
+            device = self._devices.get(spec.device_id)
+            if device is None or device.agent_id == agent_id:
+                continue
+            if not self._agents[device.agent_id].expired:
+                raise InvalidArgument(
+                    f"devices[{index}].device_id {spec.device_id!r} is registered by live "
+                    f"agent {device.agent_id!r}"
+                )
+        ended: list[str] = []
+        new_ids = {spec.device_id for spec in registration.devices}
+        old = self._agents.get(agent_id)
+        for device_id in old.device_ids if old else ():
+            if device_id not in new_ids:
+                ended += self._drop_device(device_id, base.REASON_DEVICE_DROPPED)
+        for spec in registration.devices:
+            device = self._devices.get(spec.device_id)
+            if device is not None and device.agent_id != agent_id:
+                # Taking over from an expired agent: its leases ended when it expired.
+                self._agents[device.agent_id].device_ids.remove(spec.device_id)
+                device = None
+            if device is None:
+                device = self._devices[spec.device_id] = _Device(spec, agent_id)
+            else:
+                self._mark_busy(device)  # its key may change
+                device.spec = spec
+            if device.lease_id is None:
+                self._mark_free(device)
+        self._agents[agent_id] = _Agent(
+            address=registration.agent_address,
+            last_heartbeat_unix=now_unix,
+            device_ids=[spec.device_id for spec in registration.devices],
+        )
+        return tuple(ended)
 
-    def heartbeat(self, agent_id: str, now_unix: float) -> bool:
-        with self._lock:
-            agent = self._agents.get(agent_id)
-            if agent is None or agent.expired:
-                return False
-            agent.last_heartbeat_unix = now_unix
-            return True
+    async def heartbeat(self, agent_id: str, now_unix: float) -> bool:
+        agent = self._agents.get(agent_id)
+        if agent is None or agent.expired:
+            return False
+        agent.last_heartbeat_unix = now_unix
+        return True
 
-    def deregister(self, agent_id: str) -> Deregistered:
-        with self._lock:
-            agent = self._agents.pop(agent_id, None)
-            if agent is None:
-                return Deregistered()
-            removed: list[str] = []
-            ended: list[str] = []
-            for device_id in agent.device_ids:
-                device = self._devices.get(device_id)
-                if device is None or device.agent_id != agent_id:
-                    continue
-                # The device's fence stays in self._fences: a later grant continues above it.
-                ended += self._drop_device(device_id, base.REASON_AGENT_DEREGISTERED)
-                removed.append(device_id)
-            return Deregistered(tuple(removed), tuple(ended))
+    async def deregister(self, agent_id: str) -> Deregistered:
+        agent = self._agents.pop(agent_id, None)
+        if agent is None:
+            return Deregistered()
+        removed: list[str] = []
+        ended: list[str] = []
+        for device_id in agent.device_ids:
+            device = self._devices.get(device_id)
+            if device is None or device.agent_id != agent_id:
+                continue
+            # The device's fence stays in self._fences: a later grant continues above it.
+            ended += self._drop_device(device_id, base.REASON_AGENT_DEREGISTERED)
+            removed.append(device_id)
+        return Deregistered(tuple(removed), tuple(ended))
 
-    def grant(
+    async def grant(
         self,
         request: LeaseRequest,
         lease_id: str,
@@ -143,126 +141,117 @@ class MemoryStore(base.TrackerStore):
         issue_token: TokenIssuer,
         ticket: QueueTicket | None = None,
     ) -> Lease | None:
-        with self._lock:
-            claimed: set[str] = set()
-            for entry in self._ahead(request, ticket, now_unix):
-                for device_id in self._free_ids(entry.key):
-                    if device_id not in claimed and entry.matches(self._devices[device_id].spec):
-                        claimed.add(device_id)
-                        break
-            for device_id in self._free_ids(request.key):
-                device = self._devices[device_id]
-                if device_id in claimed or not request.matches(device.spec):
-                    continue
-                fence = base.next_fence(now_unix, self._fences.get(device_id, 0))
-                self._fences[device_id] = fence
-                expires_at_unix = now_unix + ttl_s
-                token = issue_token(lease_id, device_id, fence, expires_at_unix)
-                lease = Lease(lease_id, device.spec, expires_at_unix, token, request.user, fence)
-                self._leases[lease_id] = lease
-                device.lease_id = lease_id
-                self._mark_busy(device)
-                if ticket is not None:
-                    self._queue.pop(ticket.request_id, None)
-                return lease
-            return None
+        claimed: set[str] = set()
+        for entry in self._ahead(request, ticket, now_unix):
+            for device_id in self._free_ids(entry.key):
+                if device_id not in claimed and entry.matches(self._devices[device_id].spec):
+                    claimed.add(device_id)
+                    break
+        for device_id in self._free_ids(request.key):
+            device = self._devices[device_id]
+            if device_id in claimed or not request.matches(device.spec):
+                continue
+            fence = base.next_fence(now_unix, self._fences.get(device_id, 0))
+            self._fences[device_id] = fence
+            expires_at_unix = now_unix + ttl_s
+            token = issue_token(lease_id, device_id, fence, expires_at_unix)
+            lease = Lease(lease_id, device.spec, expires_at_unix, token, request.user, fence)
+            self._leases[lease_id] = lease
+            device.lease_id = lease_id
+            self._mark_busy(device)
+            if ticket is not None:
+                self._queue.pop(ticket.request_id, None)
+            return lease
+        return None
 
-    def renew(
+    async def renew(
         self, lease_id: str, now_unix: float, ttl_s: float, issue_token: TokenIssuer
     ) -> Lease:
-        with self._lock:
-            lease = self._active(lease_id)
-            if lease.expires_at_unix <= now_unix:
-                self._end(lease_id, base.REASON_EXPIRED)
-                raise LeaseLost(base.REASON_EXPIRED)
-            expires_at_unix = now_unix + ttl_s
-            token = issue_token(lease_id, lease.device.device_id, lease.fence, expires_at_unix)
-            lease = dataclasses.replace(lease, expires_at_unix=expires_at_unix, token=token)
-            self._leases[lease_id] = lease
-            return lease
+        lease = self._active(lease_id)
+        if lease.expires_at_unix <= now_unix:
+            self._end(lease_id, base.REASON_EXPIRED)
+            raise LeaseLost(base.REASON_EXPIRED)
+        expires_at_unix = now_unix + ttl_s
+        token = issue_token(lease_id, lease.device.device_id, lease.fence, expires_at_unix)
+        lease = dataclasses.replace(lease, expires_at_unix=expires_at_unix, token=token)
+        self._leases[lease_id] = lease
+        return lease
 
-    def release(self, lease_id: str, now_unix: float) -> Lease:
-        with self._lock:
-            lease = self._active(lease_id)
-            if lease.expires_at_unix <= now_unix:
-                self._end(lease_id, base.REASON_EXPIRED)
-                raise LeaseLost(base.REASON_EXPIRED)
-            self._end(lease_id, base.REASON_RELEASED)
-            return lease
+    async def release(self, lease_id: str, now_unix: float) -> Lease:
+        lease = self._active(lease_id)
+        if lease.expires_at_unix <= now_unix:
+            self._end(lease_id, base.REASON_EXPIRED)
+            raise LeaseLost(base.REASON_EXPIRED)
+        self._end(lease_id, base.REASON_RELEASED)
+        return lease
 
-    def expire(
+    async def expire(
         self,
         now_unix: float,
         agent_timeout_s: float,
         lost_device_retention_s: float = math.inf,
     ) -> ExpiryReport:
-        with self._lock:
-            agents: list[str] = []
-            lost: list[str] = []
-            ended: list[str] = []
-            pruned: list[str] = []
-            for agent_id, agent in list(self._agents.items()):
-                if agent.expired_at_unix is not None:
-                    if now_unix - agent.expired_at_unix > lost_device_retention_s:
-                        for device_id in agent.device_ids:
-                            del self._devices[device_id]
-                            self._fences.pop(device_id, None)
-                            pruned.append(device_id)
-                        del self._agents[agent_id]
-                    continue
-                if now_unix - agent.last_heartbeat_unix <= agent_timeout_s:
-                    continue
-                agent.expired_at_unix = now_unix
-                agents.append(agent_id)
-                for device_id in agent.device_ids:
-                    lost.append(device_id)
-                    self._mark_busy(self._devices[device_id])
-                    lease_id = self._devices[device_id].lease_id
-                    if lease_id is not None:
-                        self._end(lease_id, base.REASON_AGENT_SILENT)
-                        ended.append(lease_id)
-            for lease_id, lease in list(self._leases.items()):
-                if lease.expires_at_unix <= now_unix:
-                    self._end(lease_id, base.REASON_EXPIRED)
+        agents: list[str] = []
+        lost: list[str] = []
+        ended: list[str] = []
+        pruned: list[str] = []
+        for agent_id, agent in list(self._agents.items()):
+            if agent.expired_at_unix is not None:
+                if now_unix - agent.expired_at_unix > lost_device_retention_s:
+                    for device_id in agent.device_ids:
+                        del self._devices[device_id]
+                        self._fences.pop(device_id, None)
+                        pruned.append(device_id)
+                    del self._agents[agent_id]
+                continue
+            if now_unix - agent.last_heartbeat_unix <= agent_timeout_s:
+                continue
+            agent.expired_at_unix = now_unix
+            agents.append(agent_id)
+            for device_id in agent.device_ids:
+                lost.append(device_id)
+                self._mark_busy(self._devices[device_id])
+                lease_id = self._devices[device_id].lease_id
+                if lease_id is not None:
+                    self._end(lease_id, base.REASON_AGENT_SILENT)
                     ended.append(lease_id)
-            dropped = [rid for rid, q in self._queue.items() if q.expires_at_unix <= now_unix]
-            for request_id in dropped:
-                del self._queue[request_id]
-            return ExpiryReport(
-                tuple(agents), tuple(lost), tuple(ended), tuple(pruned), tuple(dropped)
-            )
+        for lease_id, lease in list(self._leases.items()):
+            if lease.expires_at_unix <= now_unix:
+                self._end(lease_id, base.REASON_EXPIRED)
+                ended.append(lease_id)
+        dropped = [rid for rid, q in self._queue.items() if q.expires_at_unix <= now_unix]
+        for request_id in dropped:
+            del self._queue[request_id]
+        return ExpiryReport(tuple(agents), tuple(lost), tuple(ended), tuple(pruned), tuple(dropped))
 
-    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
-        with self._lock:
-            records: list[DeviceRecord] = []
-            for device_id in sorted(self._devices):
-                if device_id <= after:
-                    continue
-                device = self._devices[device_id]
-                if key and device.spec.key != key:
-                    continue
-                if limit and len(records) >= limit:
-                    break
-                records.append(self._record(device))
-            return records
+    async def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
+        records: list[DeviceRecord] = []
+        for device_id in sorted(self._devices):
+            if device_id <= after:
+                continue
+            device = self._devices[device_id]
+            if key and device.spec.key != key:
+                continue
+            if limit and len(records) >= limit:
+                break
+            records.append(self._record(device))
+        return records
 
-    def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
-        with self._lock:
-            return [
-                self._record(self._devices[device_id])
-                for device_id in device_ids
-                if device_id in self._devices
-            ]
+    async def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+        return [
+            self._record(self._devices[device_id])
+            for device_id in device_ids
+            if device_id in self._devices
+        ]
 
-    def live_devices(self, key: str = "") -> list[DeviceRecord]:
-        with self._lock:
-            return [
-                self._record(device)
-                for agent in self._agents.values()
-                if not agent.expired
-                for device in map(self._devices.__getitem__, agent.device_ids)
-                if not key or device.spec.key == key
-            ]
+    async def live_devices(self, key: str = "") -> list[DeviceRecord]:
+        return [
+            self._record(device)
+            for agent in self._agents.values()
+            if not agent.expired
+            for device in map(self._devices.__getitem__, agent.device_ids)
+            if not key or device.spec.key == key
+        ]
 
     def _record(self, device: _Device) -> DeviceRecord:
         agent = self._agents[device.agent_id]
@@ -277,39 +266,35 @@ class MemoryStore(base.TrackerStore):
         fence = lease.fence if lease is not None else 0
         return DeviceRecord(device.spec, state, holder, agent.last_heartbeat_unix, fence)
 
-    def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
+    async def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
         if not request.request_id:
             raise InvalidArgument("request_id must not be empty to queue a request")
-        with self._lock:
-            entry = self._queue.get(request.request_id)
-            if entry is not None and entry.expires_at_unix > now_unix:
-                entry.expires_at_unix = now_unix + ttl_s
-                return entry.ticket
-            ticket = QueueTicket(request.request_id, request.priority, next(self._seq))
-            self._queue[request.request_id] = _Queued(ticket, request, now_unix + ttl_s)
-            return ticket
+        entry = self._queue.get(request.request_id)
+        if entry is not None and entry.expires_at_unix > now_unix:
+            entry.expires_at_unix = now_unix + ttl_s
+            return entry.ticket
+        ticket = QueueTicket(request.request_id, request.priority, next(self._seq))
+        self._queue[request.request_id] = _Queued(ticket, request, now_unix + ttl_s)
+        return ticket
 
-    def keep_queued(
+    async def keep_queued(
         self,
         entries: Sequence[tuple[QueueTicket, LeaseRequest]],
         now_unix: float,
         ttl_s: float,
     ) -> None:
-        with self._lock:
-            for ticket, request in entries:
-                self._queue[ticket.request_id] = _Queued(ticket, request, now_unix + ttl_s)
+        for ticket, request in entries:
+            self._queue[ticket.request_id] = _Queued(ticket, request, now_unix + ttl_s)
 
-    def dequeue(self, request_id: str) -> None:
-        with self._lock:
-            self._queue.pop(request_id, None)
+    async def dequeue(self, request_id: str) -> None:
+        self._queue.pop(request_id, None)
 
-    def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
-        with self._lock:
-            live = [q for q in self._queue.values() if q.expires_at_unix > now_unix]
+    async def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
+        live = [q for q in self._queue.values() if q.expires_at_unix > now_unix]
         live.sort(key=lambda q: q.ticket.order)
         return [(q.ticket, q.request) for q in live]
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Nothing to release: the state dies with the object."""
 
     def _ahead(

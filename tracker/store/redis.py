@@ -6,6 +6,12 @@ waiter in (a device freed, a request leaving the queue) is published on `<prefix
 `watch` listens to. The pool also re-dispatches on every reap, so a missed message delays a grant
 by at most one reap interval.
 
+Every call is awaited on the tracker's event loop through redis-py's asyncio client: a call
+waiting for Redis's answer is a suspended coroutine, not a thread, and concurrent calls share a
+bounded pool of connections (a call waits for a free one rather than opening more). The scripts
+are registered on that client (EVALSHA, loaded again after a Redis restart) and the watcher is a
+task on the same loop.
+
 A Redis that cannot be reached raises StoreUnavailable naming the URL and the cause; the tracker
 keeps serving and the servicer answers UNAVAILABLE. A lost connection is retried once (redis-py
 `Retry`), so a pooled connection that died with a Redis restart is replaced transparently. A retry
@@ -16,17 +22,19 @@ answers removed=0.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import logging
 import math
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from protos.redis_url import RedisUrl, parse_redis_url
 from tracker.errors import InvalidArgument, LeaseLost, StoreUnavailable, UnknownStore
@@ -50,21 +58,25 @@ DEFAULT_PREFIX = "kiln:"
 # A Redis that does not answer within this long counts as unreachable for this call.
 _SOCKET_TIMEOUT_S = 5.0
 _CONNECT_TIMEOUT_S = 2.0
-# How long the watcher waits for a message before re-checking that it should stop.
-_WATCH_POLL_S = 0.5
+# Connections to Redis per store. Redis runs one command at a time, so more would not answer
+# sooner; 500 Acquires arriving together wait for a connection (at most _SOCKET_TIMEOUT_S).
+_MAX_CONNECTIONS = 32
+# The watcher's longest wait for a message: each wait pings a connection idle for longer than
+# health_check_interval, so a connection that died silently is replaced within about this long.
+_WATCH_IDLE_S = 10.0
 # Pause of the watcher after a lost connection, before it reconnects.
 _WATCH_RETRY_S = 0.5
 
-_Method = TypeVar("_Method", bound=Callable[..., Any])
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
 
 
 def _unavailable(method: _Method) -> _Method:
     """Turn redis connection errors into StoreUnavailable naming the server."""
 
     @functools.wraps(method)
-    def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
+    async def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
         try:
-            return method(self, *args, **kwargs)
+            return await method(self, *args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise StoreUnavailable(f"redis store {self.url} unreachable: {error}") from error
 
@@ -146,11 +158,12 @@ def parse_url(url: str) -> RedisUrl:
 class RedisStore(base.TrackerStore):
     """TrackerStore in Redis; see the module docstring for the guarantees across processes."""
 
-    def __init__(self, url: str, client: redis.Redis | None = None) -> None:
-        """Connect lazily to the store at `url` (see parse_url).
+    def __init__(self, url: str, client: redis.asyncio.Redis | None = None) -> None:
+        """Connect lazily to the store at `url` (see parse_url); the first call's event loop
+        is the one every later call must run on.
 
         Args:
-            client: an existing client to use instead of one made from the URL (tests).
+            client: an existing asyncio client to use instead of one made from the URL (tests).
 
         Raises:
             UnknownStore: the URL is malformed.
@@ -158,14 +171,19 @@ class RedisStore(base.TrackerStore):
         parsed = parse_url(url)
         self.prefix = parsed.prefix
         self.url = parsed.shown  # without the password: it names the store in errors and logs
-        self._redis: Any = client or redis.Redis.from_url(
-            parsed.client_url,
-            decode_responses=True,
-            socket_timeout=_SOCKET_TIMEOUT_S,
-            socket_connect_timeout=_CONNECT_TIMEOUT_S,
-            retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
-            health_check_interval=10,
-        )
+        if client is None:
+            connections = redis.asyncio.BlockingConnectionPool.from_url(
+                parsed.client_url,
+                max_connections=_MAX_CONNECTIONS,
+                timeout=_SOCKET_TIMEOUT_S,  # the wait for a free connection
+                decode_responses=True,
+                socket_timeout=_SOCKET_TIMEOUT_S,
+                socket_connect_timeout=_CONNECT_TIMEOUT_S,
+                retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+                health_check_interval=10,
+            )
+            client = redis.asyncio.Redis.from_pool(connections)
+        self._redis: Any = client
         scripts = {
             "register": redis_lua.REGISTER,
             "heartbeat": redis_lua.HEARTBEAT,
@@ -181,28 +199,27 @@ class RedisStore(base.TrackerStore):
             "dequeue": redis_lua.DEQUEUE,
         }
         self._scripts = {name: self._redis.register_script(code) for name, code in scripts.items()}
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
-    def _run(self, name: str, *args: str | int) -> Any:
-        return self._scripts[name](args=[self.prefix, *args])
+    async def _run(self, name: str, *args: str | int) -> Any:
+        return await self._scripts[name](args=[self.prefix, *args])
 
     @_unavailable
-    def ping(self) -> None:
+    async def ping(self) -> None:
         """Check that Redis answers.
 
         Raises:
             StoreUnavailable: it does not.
         """
-        self._redis.ping()
+        await self._redis.ping()
 
     @_unavailable
-    def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
+    async def register(self, registration: Registration, now_unix: float) -> tuple[str, ...]:
         devices = [
             {"id": spec.device_id, "key": spec.key, "spec": _spec_json(spec)}
             for spec in registration.devices
         ]
-        reply = self._run(
+        reply = await self._run(
             "register",
             registration.agent_id,
             registration.agent_address,
@@ -217,16 +234,16 @@ class RedisStore(base.TrackerStore):
         return tuple(reply[1:])
 
     @_unavailable
-    def heartbeat(self, agent_id: str, now_unix: float) -> bool:
-        return bool(self._run("heartbeat", agent_id, repr(now_unix)))
+    async def heartbeat(self, agent_id: str, now_unix: float) -> bool:
+        return bool(await self._run("heartbeat", agent_id, repr(now_unix)))
 
     @_unavailable
-    def deregister(self, agent_id: str) -> Deregistered:
-        removed, ended = self._run("deregister", agent_id)
+    async def deregister(self, agent_id: str) -> Deregistered:
+        removed, ended = await self._run("deregister", agent_id)
         return Deregistered(tuple(removed), tuple(ended))
 
     @_unavailable
-    def grant(
+    async def grant(
         self,
         request: LeaseRequest,
         lease_id: str,
@@ -236,7 +253,7 @@ class RedisStore(base.TrackerStore):
         ticket: QueueTicket | None = None,
     ) -> Lease | None:
         expires_at_unix = now_unix + ttl_s
-        reply = self._run(
+        reply = await self._run(
             "grant",
             json.dumps({"key": request.key, "tags": dict(request.tag_selector)}),
             lease_id,
@@ -257,21 +274,21 @@ class RedisStore(base.TrackerStore):
         return Lease(lease_id, _spec(spec_text), expires_at_unix, token, request.user, fence)
 
     @_unavailable
-    def renew(
+    async def renew(
         self, lease_id: str, now_unix: float, ttl_s: float, issue_token: TokenIssuer
     ) -> Lease:
         expires_at_unix = now_unix + ttl_s
         lease = self._lease_reply(
-            self._run("renew_or_release", lease_id, repr(now_unix), repr(expires_at_unix)),
+            await self._run("renew_or_release", lease_id, repr(now_unix), repr(expires_at_unix)),
             lease_id,
         )
         token = issue_token(lease_id, lease.device.device_id, lease.fence, expires_at_unix)
         return Lease(lease_id, lease.device, expires_at_unix, token, lease.user, lease.fence)
 
     @_unavailable
-    def release(self, lease_id: str, now_unix: float) -> Lease:
+    async def release(self, lease_id: str, now_unix: float) -> Lease:
         return self._lease_reply(
-            self._run("renew_or_release", lease_id, repr(now_unix), ""), lease_id
+            await self._run("renew_or_release", lease_id, repr(now_unix), ""), lease_id
         )
 
     @staticmethod
@@ -282,34 +299,34 @@ class RedisStore(base.TrackerStore):
         return Lease(lease_id, _spec(spec_text), float(expires), "", user, int(fence))
 
     @_unavailable
-    def expire(
+    async def expire(
         self,
         now_unix: float,
         agent_timeout_s: float,
         lost_device_retention_s: float = math.inf,
     ) -> ExpiryReport:
         retention = "-1" if math.isinf(lost_device_retention_s) else repr(lost_device_retention_s)
-        reply = self._run("expire", repr(now_unix), repr(agent_timeout_s), retention)
+        reply = await self._run("expire", repr(now_unix), repr(agent_timeout_s), retention)
         agents, lost, ended, pruned, dropped = (tuple(part) for part in reply)
         return ExpiryReport(agents, lost, ended, pruned, dropped)
 
     @_unavailable
-    def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
-        return _records(self._run("devices", key, f"({after}" if after else "-", limit))
+    async def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
+        return _records(await self._run("devices", key, f"({after}" if after else "-", limit))
 
     @_unavailable
-    def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
-        return _records(self._run("devices_by_id", json.dumps(list(device_ids))))
+    async def devices_by_id(self, device_ids: Sequence[str]) -> list[DeviceRecord]:
+        return _records(await self._run("devices_by_id", json.dumps(list(device_ids))))
 
     @_unavailable
-    def live_devices(self, key: str = "") -> list[DeviceRecord]:
-        return _records(self._run("live_devices", key))
+    async def live_devices(self, key: str = "") -> list[DeviceRecord]:
+        return _records(await self._run("live_devices", key))
 
     @_unavailable
-    def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
+    async def enqueue(self, request: LeaseRequest, now_unix: float, ttl_s: float) -> QueueTicket:
         if not request.request_id:
             raise InvalidArgument("request_id must not be empty to queue a request")
-        priority, seq = self._run(
+        priority, seq = await self._run(
             "enqueue",
             request.request_id,
             _request_json(request),
@@ -320,7 +337,7 @@ class RedisStore(base.TrackerStore):
         return QueueTicket(request.request_id, int(priority), int(seq))
 
     @_unavailable
-    def keep_queued(
+    async def keep_queued(
         self,
         entries: Sequence[tuple[QueueTicket, LeaseRequest]],
         now_unix: float,
@@ -340,16 +357,16 @@ class RedisStore(base.TrackerStore):
             pipe.hset(self.prefix + "q", mapping=mapping)
             for ticket, request in entries:
                 pipe.sadd(f"{self.prefix}qk:{request.key}", ticket.request_id)
-            pipe.execute()
+            await pipe.execute()
 
     @_unavailable
-    def dequeue(self, request_id: str) -> None:
-        self._run("dequeue", request_id)
+    async def dequeue(self, request_id: str) -> None:
+        await self._run("dequeue", request_id)
 
     @_unavailable
-    def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
+    async def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
         live = []
-        for request_id, text in self._redis.hgetall(self.prefix + "q").items():
+        for request_id, text in (await self._redis.hgetall(self.prefix + "q")).items():
             entry = json.loads(text)
             if float(entry["x"]) > now_unix:
                 ticket = QueueTicket(_text(request_id), int(entry["p"]), int(entry["s"]))
@@ -358,52 +375,48 @@ class RedisStore(base.TrackerStore):
         return live
 
     @_unavailable
-    def queued_shapes(self, now_unix: float) -> dict[base.Shape, int]:
+    async def queued_shapes(self, now_unix: float) -> dict[base.Shape, int]:
         counts: dict[base.Shape, int] = {}
-        for key, tags, count in json.loads(self._run("queued_shapes", repr(now_unix))):
+        for key, tags, count in json.loads(await self._run("queued_shapes", repr(now_unix))):
             # cjson writes an empty selector as {} ... or [] when it decoded it as an array
             shape = (str(key), tuple(sorted(dict(tags or {}).items())))
             counts[shape] = counts.get(shape, 0) + int(count)
         return counts
 
-    def watch(self, on_change: Callable[[str | None], None]) -> None:
-        """Listen on `<prefix>events` in a daemon thread and call `on_change` per message."""
+    async def watch(self, on_change: Callable[[str | None], None]) -> None:
+        """Listen on `<prefix>events` in a task of this loop and call `on_change` per message."""
         if self._watcher is not None:
             raise RuntimeError("RedisStore.watch may be called once")
-        self._watcher = threading.Thread(
-            target=self._watch, args=(on_change,), name="kiln-store-watch", daemon=True
-        )
-        self._watcher.start()
+        self._watcher = asyncio.create_task(self._watch(on_change), name="kiln-store-watch")
 
-    def _watch(self, on_change: Callable[[str | None], None]) -> None:
-        pubsub = None
-        while not self._stop.is_set():
+    async def _watch(self, on_change: Callable[[str | None], None]) -> None:
+        """Until cancelled: subscribe, then call `on_change` per message; reconnect on errors."""
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                if pubsub is None:
-                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-                    pubsub.subscribe(self.prefix + "events")
-                    on_change(None)  # messages may have been missed while not subscribed
-                message = pubsub.get_message(timeout=_WATCH_POLL_S)
-                if message is not None and message.get("type") == "message":
-                    data = _text(message.get("data", ""))
-                    on_change(data[len("freed:") :] if data.startswith("freed:") else None)
-            except (redis.ConnectionError, redis.TimeoutError, StoreUnavailable) as error:
+                await pubsub.subscribe(self.prefix + "events")
+                on_change(None)  # messages may have been missed while not subscribed
+                while True:
+                    message = await pubsub.get_message(timeout=_WATCH_IDLE_S)
+                    if message is not None and message.get("type") == "message":
+                        data = _text(message.get("data", ""))
+                        on_change(data[len("freed:") :] if data.startswith("freed:") else None)
+            except (redis.ConnectionError, redis.TimeoutError) as error:
                 _LOG.warning("store watch: redis %s unreachable (%s); retrying", self.url, error)
-                if pubsub is not None:
-                    pubsub.close()
-                pubsub = None
-                self._stop.wait(_WATCH_RETRY_S)
             except Exception:
-                _LOG.exception("store watch callback failed")
-        if pubsub is not None:
-            pubsub.close()
+                _LOG.exception("store watch failed; retrying")
+            finally:
+                with contextlib.suppress(Exception):  # a dead connection may fail to close
+                    await pubsub.aclose()
+            await asyncio.sleep(_WATCH_RETRY_S)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Stop the watcher and close the connections."""
-        self._stop.set()
         if self._watcher is not None:
-            self._watcher.join(_WATCH_POLL_S + _SOCKET_TIMEOUT_S)
-        self._redis.close()
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        await self._redis.aclose()
 
 
 def _records(reply: str) -> list[DeviceRecord]:
