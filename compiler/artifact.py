@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 ROLES = frozenset({"input", "output", "workspace"})
-FORMATS = frozenset({"shared_object"})
+# accel_program: a protos.vta_program container (compiler.ops.vta_dense builds them)
+FORMATS = frozenset({"shared_object", "accel_program"})
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Templates: `dense` (packed weights), `conv2d_nchwc` (KxK), `conv2d_1x1_nchwc`,
 `conv2d_stem_nchwc` (few input channels), `conv2d_winograd_nchwc` (3x3 stride 1),
 `depthwise_conv2d_nchwc`, `max_pool2d_nchwc`,
 `avg_pool2d_nchwc`, `global_avg_pool2d_nchwc`, `softmax`, `layer_norm`, elementwise `add`,
-`multiply`, `relu`, `add_relu`, `reduce_sum`, and the skeleton's `matmul` (plain [K][N] B).
+`multiply`, `relu`, `add_relu`, `reduce_sum`, the skeleton's `matmul` (plain [K][N] B), and
+`vta_dense` (int8, for the VTA-like accelerator: target "vta" builds instruction streams).
 `layout` holds the NCHW <-> NCHW[x]c and weight packings they take.
 """
 
@@ -22,6 +23,7 @@ from compiler.ops.normalization import LayerNormTemplate, SoftmaxTemplate
 from compiler.ops.pool import GlobalAvgPoolTemplate, Pool2dTemplate
 from compiler.ops.reduction import ReduceSumTemplate
 from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.ops.vta_dense import VtaDenseTemplate
 from compiler.ops.winograd import Conv2dWinogradTemplate
 
 _LIBRARY: tuple[Template, ...] = (
@@ -40,6 +42,7 @@ _LIBRARY: tuple[Template, ...] = (
     SoftmaxTemplate(),
     LayerNormTemplate(),
     *(ElementwiseTemplate(op) for op in ELEMENTWISE_OPS),
+    VtaDenseTemplate(),
 )
 _TEMPLATES: dict[str, Template] = {t.name: t for t in _LIBRARY}
 

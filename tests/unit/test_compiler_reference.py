@@ -23,9 +23,14 @@ pytestmark = pytest.mark.usefixtures("build_cache")
 # Small workloads whose spaces have at least two layouts where the template has layout knobs.
 SHAPES: dict[str, list[tuple[int, ...]]] = {
     "matmul": [(9, 20, 13)],
+    "vta_dense": [(33, 17, 19)],
     "dense": [(7, 33, 128), (5, 32, 64)],  # N not a multiple of nr (a [M][N] output), and one
     "conv2d_nchwc": [(1, 32, 6, 5, 32, 3, 3, 1, 1, 2), (1, 16, 7, 7, 32, 3, 3, 2, 1, 3)],
     "conv2d_1x1_nchwc": [(1, 32, 5, 5, 32, 1, 1, 1, 0, 1), (1, 16, 6, 6, 32, 1, 1, 2, 0, 0)],
+    "grouped_conv2d_1x1_nchwc": [
+        (1, 24, 5, 6, 60, 1, 1, 1, 0, 2, 3),
+        (1, 32, 4, 4, 64, 1, 1, 1, 0, 0, 2),
+    ],
     "conv2d_stem_nchwc": [(1, 3, 10, 9, 32, 7, 7, 2, 3, 2)],
     "conv2d_winograd_nchwc": [(1, 16, 7, 9, 32, 3, 3, 1, 1, 1)],  # tiles past the image's edge
     "depthwise_conv2d_nchwc": [(1, 32, 7, 7, 3, 3, 2, 1, 3), (1, 48, 6, 6, 3, 3, 1, 0, 0)],

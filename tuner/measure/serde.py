@@ -6,7 +6,10 @@ from compiler.artifact import Artifact
 from protos import common_pb2
 from tuner.measure.result import EvaluatorConfig, MeasureResult, Status
 
-_FORMATS = {"shared_object": common_pb2.SHARED_OBJECT}
+_FORMATS = {
+    "shared_object": common_pb2.SHARED_OBJECT,
+    "accel_program": common_pb2.ACCEL_PROGRAM,
+}
 _ROLES = {"input": common_pb2.INPUT, "output": common_pb2.OUTPUT, "workspace": common_pb2.WORKSPACE}
 
 
