@@ -17,26 +17,42 @@ preempts one thread of a parallel call for a scheduler quantum, which a mean wou
 speed-up is the median over rounds of the ratio within a round (clean / tuned), so a slow round
 slows both sides of its ratio alike.
 
+sgemm (template `dense`, 1024 and 2048 cube) against numpy's matmul and whole models (ResNet-18,
+MobileNetV2, BERT-tiny from `compiler/zoo.py`) against onnxruntime, each at 1 thread and at all
+cores, the peer given the same thread count (OpenBLAS threads, onnxruntime's intra-op threads):
+each thread count of sgemm and the model section run in a child process
+(`benchmarks/cores_child.py`, which says how configs are picked), since OpenBLAS and libgomp
+read their thread settings once. Models use the tuned configs of `--records` where it has them
+for a thread count (`configs_from_records`; the line says how many tasks were tuned), else
+the defaults, which on several threads run their outermost output loops in parallel.
+
     python benchmarks/cores.py [--sizes 2048x2048,1920x1080] [--rounds 7] [--threads N]
+        [--sgemm 1024,2048] [--models resnet18,mobilenet_v2,bert_tiny] [--records R.jsonl]
 
 Ends with one line (wrapped here):
 
-    cores: threads=<n> blur_speedup=<x> blur_scaling=<x> blur_vs_plain_c=<x> blur_vs_scalar_clean=<x>
-        blur_speedup_1920x1080=<x>
+    cores: threads=<n> sgemm_ratio=<x> resnet18_ratio=<x> mobilenetv2_ratio=<x>
+        bert_tiny_ratio=<x> scaling_resnet18=<x> blur_speedup=<x> blur_scaling=<x>
+        blur_vs_plain_c=<x> blur_vs_scalar_clean=<x> blur_speedup_1920x1080=<x>
 
 where the blur_ fields are of the first size and blur_speedup_WxH of each other one.
 blur_speedup: clean / tuned on all cores; blur_scaling: tuned on 1 thread / tuned on all cores;
 blur_vs_plain_c: plain C / tuned on all cores; blur_vs_scalar_clean: the clean schedule without
-auto-vectorization / tuned on all cores (the paper's kind of comparison). The sgemm and model
-sections of issue 25 are still to come and will add their fields to that line.
+auto-vectorization / tuned on all cores (the paper's kind of comparison). sgemm_ratio: numpy
+time / ours on all cores, the smaller of the sizes (sgemm_ratio_1t on one thread); <model>_ratio:
+onnxruntime time / ours on all cores (<model>_ratio_1t on one); scaling_resnet18: ResNet-18 on
+one thread / on all cores (ort_scaling_resnet18 the same for onnxruntime). Each ratio is the
+median over rounds of the ratio within a round.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import platform
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,6 +121,72 @@ def blur_section(h: int, w: int, rounds: int, threads: int) -> dict[str, float]:
     }
 
 
+CHILD = Path(__file__).resolve().parent / "cores_child.py"
+FIELD_NAMES = {"resnet18": "resnet18", "mobilenet_v2": "mobilenetv2", "bert_tiny": "bert_tiny"}
+
+
+def _child(*argv: object) -> dict:
+    """Run `cores_child.py` with `argv`; its last line, as JSON."""
+    done = subprocess.run(
+        [sys.executable, str(CHILD), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=3600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"cores_child {argv} failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def sgemm_section(sizes: Sequence[int], threads: int, rounds: int) -> dict[str, float]:
+    """sgemm at 1 thread and `threads` against numpy on as many; the worst ratio of each."""
+    print(f"\nsgemm vs numpy (OpenBLAS on as many threads), {rounds} interleaved rounds")
+    print(
+        f"{'size':>6} {'threads':>7} {'ours ms':>8} {'numpy ms':>9} {'GFLOP/s':>8} {'ratio':>6}  config"
+    )
+    worst: dict[int, float] = {}
+    counts = tuple(dict.fromkeys((1, threads)))
+    for n in sizes:
+        for count in counts:
+            r = _child("sgemm", n, count, rounds, MIN_ROUND_S)
+            gflops = 2 * n**3 / r["ours_s"] / 1e9
+            print(
+                f"{n:>6} {count:>7} {r['ours_s'] * 1e3:>8.2f} {r['numpy_s'] * 1e3:>9.2f} "
+                f"{gflops:>8.1f} {r['ratio']:>5.2f}x  {r['config']} ({r['source']})",
+                flush=True,
+            )
+            worst[count] = min(worst.get(count, float("inf")), r["ratio"])
+    return {"sgemm_ratio": worst[threads], "sgemm_ratio_1t": worst[1]}
+
+
+def models_section(
+    names: Sequence[str], threads: int, rounds: int, records: str | None
+) -> dict[str, float]:
+    """The models at 1 thread and `threads` against onnxruntime on as many."""
+    print(f"\nmodels vs onnxruntime (same intra-op threads), {rounds} interleaved rounds")
+    argv: list[object] = ["models", threads, ",".join(names), rounds, MIN_ROUND_S]
+    result = _child(*argv, *([records] if records else []))
+    print(f"{'model':<13} {'threads':>7} {'ours ms':>8} {'ort ms':>8} {'ratio':>6}  tuned tasks")
+    fields: dict[str, float] = {}
+    for name in names:
+        r = result[name]
+        for count in dict.fromkeys((1, threads)):
+            ours, ort = r["median_s"][f"ours{count}"], r["median_s"][f"ort{count}"]
+            ratio = r["ratio"][str(count)]
+            print(
+                f"{name:<13} {count:>7} {ours * 1e3:>8.2f} {ort * 1e3:>8.2f} {ratio:>5.2f}x  "
+                f"{r['tuned_tasks'][str(count)]}"
+            )
+        field = FIELD_NAMES.get(name, name)
+        fields[f"{field}_ratio"] = r["ratio"][str(threads)]
+        fields[f"{field}_ratio_1t"] = r["ratio"]["1"]
+        fields[f"scaling_{field}"] = r["scaling"]
+        fields[f"ort_scaling_{field}"] = r["ort_scaling"]
+        print(f"{name}: scaling ours {r['scaling']:.2f}, onnxruntime {r['ort_scaling']:.2f}")
+    return fields
+
+
 def _size(text: str) -> tuple[int, int]:
     width, _, height = text.partition("x")
     return int(height), int(width)
@@ -121,16 +203,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--threads", type=int, default=available_cores(), help="all cores (default: every core)"
     )
+    parser.add_argument("--sgemm", default="1024,2048", help="sgemm cube sizes ('' skips)")
+    parser.add_argument(
+        "--models", default="resnet18,mobilenet_v2,bert_tiny", help="models ('' skips)"
+    )
+    parser.add_argument("--records", default=None, help="records of tuned configs for the models")
     opts = parser.parse_args(argv)
     pin_openmp_threads()  # before any kernel loads libgomp
     print(f"machine: {_cpu_model()}, {available_cores()} cores usable; all cores = {opts.threads}")
     fields = {"threads": str(opts.threads)}
+    timed: dict[str, float] = {}
+    sizes = [int(n) for n in opts.sgemm.split(",") if n]
+    if sizes:
+        timed.update(sgemm_section(sizes, opts.threads, opts.rounds))
+    names = [n for n in opts.models.split(",") if n]
+    if names:
+        timed.update(models_section(names, opts.threads, opts.rounds, opts.records))
+    first = ("sgemm_ratio", *(f"{FIELD_NAMES.get(n, n)}_ratio" for n in names))
+    for key in (*first, *(k for k in timed if k.startswith("scaling_"))):
+        if key in timed:
+            fields[key] = f"{timed[key]:.2f}"
     for i, (h, w) in enumerate(_size(t) for t in opts.sizes.split(",")):
         ratios = blur_section(h, w, opts.rounds, opts.threads)
         if i == 0:
             fields.update({f"blur_{k}": f"{v:.2f}" for k, v in ratios.items()})
         else:
             fields[f"blur_speedup_{w}x{h}"] = f"{ratios['speedup']:.2f}"
+    fields.update({k: f"{v:.2f}" for k, v in timed.items() if k not in fields})
     print("\ncores: " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
 

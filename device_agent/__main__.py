@@ -4,9 +4,15 @@
                [--token-file F] [--insecure] [--tls-cert C --tls-key K [--tls-client-ca CA]]
                [--tracker-tls-ca CA [--tracker-tls-cert C --tracker-tls-key K]]
                [--listen 127.0.0.1:0] [--advertise-host 127.0.0.1] [--cache-dir D]
-               [--cache-max-bytes N] [--pin-cores 0,1|auto] [--quarantine-after 3]
+               [--cache-max-bytes N] [--pin-cores 0,1|auto] [--cores 0-3 [--cores 4-7]]
+               [--quarantine-after 3]
                [--max-job-s 600] [--metrics-port P] [--ready-file PATH] [--agent-id ID]
                [--log-level info]
+
+`--cores SET` (repeatable, one per device; --devices follows) pins a device's executor to a set
+of cores ("0-3", "0,2,4-5"; sets disjoint) and tags the device `threads=<cores in the set>`: its
+kernels run on that many OpenMP threads, one bound to each core, and its records carry the
+count. Several devices of one host take disjoint sets.
 
 Without --tracker the agent serves standalone. Without --token-file it runs open (dev mode: any
 caller may upload and run code) and so refuses a non-loopback --listen unless --insecure is given.
@@ -48,6 +54,47 @@ def _tag(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"tag must look like key=value, got {text!r}")
     return key, value
+
+
+def parse_core_set(text: str) -> tuple[int, ...]:
+    """A set of cores like "0-3" or "0,2,4-5", sorted, each a core this process may use.
+
+    Raises:
+        ValueError: a malformed set, an empty or repeated one, or a core not usable here.
+    """
+    cores: list[int] = []
+    try:
+        for part in text.split(","):
+            first, dash, last = part.partition("-")
+            lo, hi = int(first), int(last) if dash else int(first)
+            if hi < lo:
+                raise ValueError
+            cores.extend(range(lo, hi + 1))
+    except ValueError:
+        raise ValueError(f"--cores wants a set like 0-3 or 0,2,4-5; got {text!r}") from None
+    if len(set(cores)) != len(cores):
+        raise ValueError(f"--cores {text}: a core is named twice")
+    allowed = sorted(os.sched_getaffinity(0))
+    bad = [c for c in cores if c not in allowed]
+    if bad:
+        raise ValueError(f"--cores {text}: core(s) {bad} not usable here (allowed: {allowed})")
+    return tuple(sorted(cores))
+
+
+def parse_core_sets(texts: list[str]) -> tuple[tuple[int, ...], ...]:
+    """One core set per --cores flag; the sets must be disjoint.
+
+    Raises:
+        ValueError: as `parse_core_set`, or two sets sharing a core.
+    """
+    sets = tuple(parse_core_set(t) for t in texts)
+    seen: set[int] = set()
+    for cores in sets:
+        shared = seen & set(cores)
+        if shared:
+            raise ValueError(f"--cores: core(s) {sorted(shared)} are in two sets")
+        seen |= set(cores)
+    return sets
 
 
 def parse_pin_cores(text: str, devices: int) -> tuple[int, ...]:
@@ -118,6 +165,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="no job runs longer than this, whatever its timeout; its lease may end it sooner",
     )
     p.add_argument("--pin-cores", default="", help="'auto' or cores for devices 0,1,... e.g. 0,1")
+    p.add_argument(
+        "--cores",
+        action="append",
+        default=[],
+        metavar="SET",
+        help="a device on this core set (e.g. 0-3), tagged threads=N for its N cores; "
+        "repeat for one device per set (disjoint sets)",
+    )
     p.add_argument("--token-file", help="pool secrets (agent, client, lease_key); see protos.auth")
     p.add_argument(
         "--insecure",
@@ -170,8 +225,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     try:
         args.pin_cores = parse_pin_cores(args.pin_cores, args.devices) if args.pin_cores else ()
+        args.cores = parse_core_sets(args.cores)
     except ValueError as e:
         p.error(str(e))
+    if args.cores:
+        if args.pin_cores:
+            p.error("--cores and --pin-cores both pin devices: give one")
+        if args.devices != defaults.devices and args.devices != len(args.cores):
+            p.error(f"--devices {args.devices} but {len(args.cores)} --cores sets: one per device")
+        args.devices = len(args.cores)
     return args
 
 
@@ -208,6 +270,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         quarantine_after=args.quarantine_after,
         max_job_s=args.max_job_s,
         pin_cores=args.pin_cores,
+        core_sets=args.cores,
         secrets=load_secrets(args.token_file) if args.token_file else None,
         lease_leeway_s=args.lease_leeway_s,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca),

@@ -174,12 +174,20 @@ class Agent:
         # The backend's tags override the host's (qemu's guest arch), the user's override both.
         host = {"arch": platform.machine(), "backend": self.backend.name}
         tags = {**host, **self.backend.device_tags(), **config.tags}
+        sets = config.core_sets
         self.devices = tuple(
-            DeviceSpec(f"{self.agent_id}/{i}", config.key, dict(tags), address, self.backend.name)
+            DeviceSpec(
+                f"{self.agent_id}/{i}",
+                config.key,
+                # a device on a core set runs its kernels on one thread per core (the executor)
+                {**tags, "threads": str(len(sets[i]))} if sets else dict(tags),
+                address,
+                self.backend.name,
+            )
             for i in range(config.devices)
         )
         allowed = os.sched_getaffinity(0)
-        for core in config.pin_cores:
+        for core in (*config.pin_cores, *(c for cores in sets for c in cores)):
             if core not in allowed:
                 raise ValueError(
                     f"cannot pin to core {core}: this process may use {sorted(allowed)}"
@@ -193,6 +201,7 @@ class Agent:
                     self.backend,
                     config.executor_address_space_bytes,
                     pin_core=pins[i % len(pins)] if pins else None,
+                    cores=sets[i] if sets else (),
                     state_dir=state_dir,
                     on_restart=self.stats.executor_restarted,
                 )

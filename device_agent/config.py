@@ -26,10 +26,13 @@ class AgentConfig:
     with `lease_key`, and Register/Heartbeat carry the `agent` token.
 
     `pin_cores` pins device i's executor child to core `pin_cores[i % len(pin_cores)]`; empty means
-    no pinning.
+    no pinning. `core_sets` (one per device, disjoint; instead of `pin_cores`) pins device i's
+    child to the cores of `core_sets[i]` and tags it `threads=<their number>`: its kernels run
+    on that many OpenMP threads, one bound to each core. Every other device runs on one thread.
 
     Raises:
-        ValueError: `max_job_s` is not a positive number.
+        ValueError: `max_job_s` is not a positive number, or `core_sets` has not one non-empty
+            set per device.
     """
 
     key: str = "local"
@@ -57,6 +60,7 @@ class AgentConfig:
     # An entry of an artifact that crashed or timed out this many times is refused (0 = never).
     quarantine_after: int = 3
     pin_cores: tuple[int, ...] = ()
+    core_sets: tuple[tuple[int, ...], ...] = ()
     secrets: PoolSecrets | None = None
     # Accepted clock difference between the tracker's host and this one for lease expiry.
     lease_leeway_s: float = 2.0
@@ -64,6 +68,12 @@ class AgentConfig:
     tracker_tls: TlsFiles = field(default_factory=TlsFiles)
 
     def __post_init__(self) -> None:
+        if self.core_sets and len(self.core_sets) != self.devices:
+            raise ValueError(
+                f"core_sets has {len(self.core_sets)} sets for {self.devices} devices: one each"
+            )
+        if any(not cores for cores in self.core_sets):
+            raise ValueError("core_sets: a device's core set is empty")
         if not (math.isfinite(self.max_job_s) and self.max_job_s > 0):
             raise ValueError(
                 f"max_job_s must be a positive number of seconds, got {self.max_job_s!r}"

@@ -6,7 +6,11 @@ served by a fresh process; `on_restart` hears of each respawn with its reason ("
 ends anything a kernel forked, and asks the kernel (PR_SET_PDEATHSIG) for SIGKILL when the agent
 dies, so a hung kernel never outlives a SIGKILLed agent. Linux sends that signal when the *thread*
 that forked the child ends, so every child is forked by one long-lived spawner thread, never by an
-RPC worker thread that may come and go. With `pin_core`, the child is pinned to that core.
+RPC worker thread that may come and go. With `pin_core`, the child is pinned to that core; with
+`cores`, to that set of cores. The child's OpenMP runtime gets one thread per core of the set (one
+without a set: a device without a `threads` tag runs kernels on one thread), each bound to its core
+(OMP_PROC_BIND / OMP_PLACES): unbound, Linux at times left a worker on the main thread's core for
+seconds. libgomp keeps its threads between parallel regions, so the child's kernels share one pool.
 
 An executor does not queue: its caller hands it one job at a time (the servicer waits for the
 device on its event loop, holding no thread), and a second job submitted meanwhile is refused.
@@ -42,6 +46,17 @@ _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-executor-spawner")
 
 
+def openmp_env(cores: tuple[int, ...]) -> dict[str, str]:
+    """The OpenMP settings of a child pinned to `cores` (none: one thread): a thread per core,
+    each bound to its own core."""
+    places = ",".join(f"{{{c}}}" for c in cores)
+    return {
+        "OMP_NUM_THREADS": str(max(1, len(cores))),
+        "OMP_PROC_BIND": "true" if cores else "false",
+        **({"OMP_PLACES": places} if cores else {}),
+    }
+
+
 @dataclass(frozen=True)
 class TimeLimit:
     """How long a job may run, and the error of its TIMEOUT result when it runs past that."""
@@ -74,12 +89,14 @@ class Executor:
         pin_core: int | None = None,
         state_dir: str = "",
         on_restart: Callable[[str], None] | None = None,
+        cores: tuple[int, ...] = (),
     ) -> None:
         self.device_id = device_id
         self._on_restart = on_restart
         self._backend = backend
         self._address_space_bytes = address_space_bytes
         self._pin_core = pin_core
+        self._cores = tuple(cores)
         self._state_dir = state_dir
         self._busy = threading.Lock()  # one job at a time on the device
         self._state = threading.Lock()  # guards _proc and _closed
@@ -184,6 +201,7 @@ class Executor:
         env = dict(os.environ)
         # The child must import this package even where it is not installed (a copied checkout).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        env.update(openmp_env(self._cores))
         cmd = [
             sys.executable,
             "-m",
@@ -206,9 +224,11 @@ class Executor:
             env=env,
             start_new_session=True,
         ).result()
-        if self._pin_core is not None:
-            # Pinned here, before the first job can reach it (the child could race a test).
-            os.sched_setaffinity(proc.pid, {self._pin_core})
+        cores = set(self._cores) if self._pin_core is None else {self._pin_core, *self._cores}
+        if cores:
+            # Pinned here, before the first job can reach it (the child could race a test), and
+            # before its first kernel loads libgomp, which reads the affinity once.
+            os.sched_setaffinity(proc.pid, cores)
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)
         self._proc = proc

@@ -106,9 +106,10 @@ def tune_op(
     Raises:
         ValueError: an unknown op or bad shape; TuningError: no candidate worked.
     """
-    task = op_task(op, shape)
     opts = _options(options, trials)
     with _builder(pool, builder) as build, closing(pool.runner(evaluator)) as runner:
+        # the space of the threads the builder builds for (the device's `threads` tag)
+        task = dataclasses.replace(op_task(op, shape), threads=int(getattr(build, "threads", 1)))
         return tune(task, build, runner, opts, records=records, callbacks=callbacks)
 
 
@@ -155,8 +156,11 @@ def build(
     *,
     target: str = "host",
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    threads: int = 1,
 ) -> ModelArtifact:
-    """Compile a network with the best recorded config of each task (defaults without records)."""
+    """Compile a network with the best recorded config of each task (defaults without records),
+    its kernels for `threads` threads: only records tuned on that many are used, and untuned
+    kernels run their outer loops in parallel when `threads` > 1."""
     from compiler.frontend.onnx import load_onnx
     from compiler.graph.build_model import build_model
     from compiler.graph.ir import Graph
@@ -167,11 +171,11 @@ def build(
     if records is not None:
         store = open_store(records) if isinstance(records, str | os.PathLike) else records
         try:
-            configs = configs_from_records(graph, store, target)
+            configs = configs_from_records(graph, store, target, threads)
         finally:
             if store is not records:
                 store.close()
-    return build_model(graph, configs, target)
+    return build_model(graph, configs, target, threads)
 
 
 def run(

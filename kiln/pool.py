@@ -8,7 +8,10 @@
 On entering, the pool lists the tracker's devices that match `key` and `tags`: none at all is a
 NoDeviceError at once (a mistyped key fails before anything is built), and the first match's
 tags decide the compile target (`tuner.measure.device_target`); `target=` overrides it, and a
-target those devices cannot run is a TargetError naming both.
+target those devices cannot run is a TargetError naming both. Its `threads` tag (an agent
+pinned to a core set, `kiln-agent --cores`) decides the thread count the pool's builders build
+for (`threads`: the templates' `parallel` knob is searched only above 1) and the records'
+target (`records_target`, "x86_64-avx512/threads=4").
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ from protos import tracker_pb2
 from protos.auth import TlsFiles
 from protos.rpc_errors import explain_rpc_error
 from tuner.measure.builder import BUILD_TIMEOUT_S, Builder, LocalBuilder
-from tuner.measure.device_target import check_target, device_target
+from tuner.measure.device_target import (
+    check_target,
+    device_records_target,
+    device_target,
+    device_threads,
+)
 from tuner.measure.local_pool import LocalPool
 from tuner.measure.pool_runner import NoDeviceError, PoolConfig, PoolRunner
 from tuner.measure.result import EvaluatorConfig
@@ -77,6 +85,8 @@ class Pool:
         self.config: PoolConfig | None = None
         self.device_tags: dict[str, str] = {}
         self.target = target or "host"
+        self.threads = 1  # the matched device's `threads` tag, once open
+        self.records_target = self.target
         self._stack = ExitStack()
 
     def __enter__(self) -> Pool:
@@ -116,6 +126,8 @@ class Pool:
             self.target = device_target(self.device_tags)
         else:
             self.target = check_target(self.requested_target, self.device_tags, where)
+        self.threads = device_threads(self.device_tags)
+        self.records_target = device_records_target(self.device_tags, self.target)
 
     def _matching_device(self) -> tuple[str, dict[str, str]]:
         assert self.config is not None
@@ -177,12 +189,23 @@ class Pool:
         if spec != "local":
             from tuner.measure.dask_builder import DaskBuilder
 
-            return DaskBuilder(spec, target=self.target, per_unit=per_unit, timeout_s=timeout_s)
+            return DaskBuilder(
+                spec,
+                target=self.target,
+                per_unit=per_unit,
+                timeout_s=timeout_s,
+                threads=self.threads,
+            )
         pinned = set(self.pin_cores)
         cpus = tuple(sorted(os.sched_getaffinity(0) - pinned)) if pinned else ()
         workers = min(workers, len(cpus)) if cpus else workers
         return LocalBuilder(
-            target=self.target, workers=workers, per_unit=per_unit, cpus=cpus, timeout_s=timeout_s
+            target=self.target,
+            workers=workers,
+            per_unit=per_unit,
+            cpus=cpus,
+            timeout_s=timeout_s,
+            threads=self.threads,
         )
 
     def describe(self) -> str:

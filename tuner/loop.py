@@ -135,6 +135,13 @@ def target_name(target: str) -> str:
         return target  # not a compiler target (a test's fake builder): its name is what it is
 
 
+def builder_records_target(builder: object) -> str:
+    """The target records of `builder`'s candidates carry: its target's name (`target_name`)
+    and the thread count it builds for (`threads`, 1 for a builder without one)."""
+    threads = int(getattr(builder, "threads", 1))
+    return rec.records_target(target_name(str(getattr(builder, "target", "host"))), threads)
+
+
 def compiler_target(target: str) -> str:
     """`target` when the compiler knows it, else "host" (a test's fake builder)."""
     try:
@@ -403,7 +410,11 @@ def tune(
     try:
         if searcher is None:
             searcher, _ = searcher_for(
-                task, options, store, compiler_target(builder.target), target_name(builder.target)
+                task,
+                options,
+                store,
+                compiler_target(builder.target),
+                builder_records_target(builder),
             )
         every = [log_records(store), *callbacks] if store is not None else list(callbacks)
         return _tune(task, builder, runner, options, searcher, store, every)
@@ -424,7 +435,12 @@ def _tune(
     n_trials, batch_size, early_stop = options.trials, options.batch_size, options.early_stop
     model_s0 = float(getattr(searcher, "model_seconds", 0.0))
     progress = TuneProgress(total=n_trials)
-    target = target_name(builder.target)
+    threads = int(getattr(builder, "threads", 1))
+    if threads != task.threads:
+        raise ValueError(
+            f"the task is for {task.threads} thread(s), the builder builds for {threads}"
+        )
+    target = builder_records_target(builder)
     space_size = len(task.space)
 
     def tick() -> None:

@@ -1,4 +1,6 @@
-"""A tuning task: one workload of one op template, its config space and its FLOP count."""
+"""A tuning task: one workload of one op template on a thread count, its config space and its
+FLOP count. `threads` > 1 adds the template's `parallel` knob to the space
+(`compiler.ops.base.threaded_space`); one thread is the space records always had."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from functools import cached_property
 from typing import Any
 
 from compiler import ops
-from compiler.ops.base import Template
+from compiler.ops.base import Template, threaded_space
 from compiler.ops.space import ConfigSpace
 from tuner.records import Workload
 
@@ -15,6 +17,7 @@ from tuner.records import Workload
 @dataclass(frozen=True)
 class Task:
     workload: Workload
+    threads: int = 1
 
     @cached_property
     def template(self) -> Template:
@@ -22,7 +25,7 @@ class Task:
 
     @cached_property
     def space(self) -> ConfigSpace:
-        return self.template.config_space(self.workload.shape)
+        return threaded_space(self.template, self.workload.shape, self.threads)
 
     @property
     def flop(self) -> float:

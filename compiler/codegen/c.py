@@ -6,7 +6,9 @@ extension code where the loop body allows (see `codegen.vector`), else a plain l
 toolchain adds -fopenmp when the source has a pragma) with one parallel region per kernel: when
 the function's top level has parallel loops, the whole body runs in one `#pragma omp parallel`
 region, each top-level parallel loop as `#pragma omp for` and every other top-level statement
-under `#pragma omp single`; a parallel loop nested in a serial one opens its own region.
+under `#pragma omp single`; a parallel loop nested in a serial one opens its own region (and
+then every parallel loop of the function does: a region inside `single` would run on one
+thread, e.g. dense's product inside its k-block loop beside the parallel zeroing of C).
 Allocations of up to STACK_LIMIT_BYTES are aligned stack arrays (per thread inside a parallel
 loop), larger ones aligned heap blocks freed at the end of their scope (a kernel returns
 ALLOC_FAILED, or aborts inside a parallel region, when memory runs out). A register-promoted
@@ -204,7 +206,11 @@ class FunctionWriter:
         if isinstance(s, Allocate):
             return self.allocate(s, depth, self.top)
         stmts = s.stmts if isinstance(s, Seq) else (s,)
-        if not any(isinstance(c, For) and c.kind is ForKind.PARALLEL for c in stmts):
+        if not any(_is_parallel(c) for c in stmts) or any(
+            _is_parallel(n) for c in stmts if not _is_parallel(c) for n in walk_stmts(c)
+        ):
+            # No parallel loop at the top, or one nested in a serial statement, which under
+            # `omp single` would run on one thread: each parallel loop opens its own region.
             return self.stmt(s, depth)
         pad = "  " * depth
         lines = [f"{pad}#pragma omp parallel", f"{pad}{{"]
@@ -473,6 +479,10 @@ class _RegisterKey:
             and other.buffer is self.buffer
             and other.element == self.element
         )
+
+
+def _is_parallel(s: Stmt) -> bool:
+    return isinstance(s, For) and s.kind is ForKind.PARALLEL
 
 
 def _ctype(dtype: str) -> str:

@@ -211,8 +211,11 @@ class ModelPlan:
 
 
 @without_gc
-def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host") -> ModelPlan:
-    """Optimize, fuse, lower to kernel steps and plan the workspace of `graph` (no compiling).
+def plan_model(
+    graph: Graph, configs: Configs | None = None, target: str = "host", threads: int = 1
+) -> ModelPlan:
+    """Optimize, fuse, lower to kernel steps and plan the workspace of `graph` (no compiling);
+    anchors without a config take the default for `threads` threads.
 
     With configs, the graph is laid out a second time with the channel blocks the configs chose
     (`config_blocks`), when they differ from the default layout's.
@@ -224,7 +227,7 @@ def plan_model(graph: Graph, configs: Configs | None = None, target: str = "host
         if any(_blocks_of(fusion, name) != b for name, b in blocks.items()):
             optimized = _outputs_written(optimize(graph, blocks))
             fusion = P.fuse(optimized)
-    steps, values = lower_model(fusion, configs, target)
+    steps, values = lower_model(fusion, configs, target, threads)
     kernels = steps_graph(optimized, values, steps)
     memory = P.plan_memory(kernels)
     memory.check()
@@ -373,18 +376,21 @@ def _as_param(value: np.ndarray) -> np.ndarray:
 
 
 def build_model(
-    graph: Graph, configs: Configs | None = None, target: str = "host"
+    graph: Graph, configs: Configs | None = None, target: str = "host", threads: int = 1
 ) -> ModelArtifact:
     """Compile `graph` into one shared object with the `kiln_model_run` entry (see module doc).
 
     `configs` maps (template, workload) to a Config; anchors without one take the first config
-    worth measuring that keeps the graph's channel blocks.
+    worth measuring that keeps the graph's channel blocks, for `threads` threads (above 1:
+    their outer loops run on OpenMP's threads, `model_kernels.default_config`). The thread
+    count at run time is OpenMP's (OMP_NUM_THREADS or omp_set_num_threads in the caller);
+    its threads persist between calls, so every kernel of every call shares one pool.
 
     Raises:
         GraphError: an op has no kernel (naming the group and op), or a config does not fit.
         CompilerError: lowering, code generation or the C compiler failed.
     """
-    plan = plan_model(graph, configs, target)
+    plan = plan_model(graph, configs, target, threads)
     tgt = get_target(target)
     kernels = [s.kernel for s in plan.steps]
     params = [_as_param(plan.values.constants[v]) for v in plan.params]

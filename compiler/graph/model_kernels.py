@@ -36,7 +36,13 @@ from compiler.graph.tasks import AnchorWorkload, TaskKey, anchor_workload, fused
 from compiler.graph.te_ops import TE_COMPUTES
 from compiler.ir import expr as E
 from compiler.ops import op_templates
-from compiler.ops.base import OpTemplate, register_file
+from compiler.ops.base import (
+    NO_PARALLEL,
+    PARALLEL_KNOB,
+    OpTemplate,
+    register_file,
+    threaded_space,
+)
 from compiler.ops.space import Config
 from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.tensor import Tensor
@@ -57,19 +63,36 @@ class Step:
     config: Config | None = None
 
 
+# An untuned kernel of fewer FLOPs than this stays on one thread on a multi-thread build: an
+# OpenMP region costs 12-21 us to open here (REFERENCE.md), a few percent of a kernel this size.
+PARALLEL_MIN_FLOP = 2e6
+
+
 def default_config(
-    template: OpTemplate, workload: tuple[int, ...], target: str, blocks: Mapping[str, int]
+    template: OpTemplate,
+    workload: tuple[int, ...],
+    target: str,
+    blocks: Mapping[str, int],
+    threads: int = 1,
 ) -> Config:
-    """The first config of the template's space with the given knob values that is worth measuring.
+    """The first config of the template's space (for `threads` threads: `threaded_space`) with
+    the given knob values that is worth measuring.
 
     `blocks` pins the layout knobs (ic_block, oc_block, c_block) to the graph's layout. The
-    first config with those values is the answer when no config is worth measuring.
+    first config with those values is the answer when no config is worth measuring. On more
+    than one thread the kernel runs its outermost output loop in parallel (the template's
+    first parallel choice after "none") unless it is below PARALLEL_MIN_FLOP.
     """
-    space = template.config_space(workload)
+    space = threaded_space(template, workload, threads)
+    pinned: dict[str, object] = dict(blocks)
+    parallel = next((k for k in space.knobs if k.name == PARALLEL_KNOB), None)
+    if parallel is not None:
+        big = template.flop(workload) >= PARALLEL_MIN_FLOP
+        pinned[PARALLEL_KNOB] = parallel.choices[1] if big else NO_PARALLEL
     first: Config | None = None
     for i in range(len(space)):
         config = space.get(i)
-        if any(config.get(k) != v for k, v in blocks.items() if k in config):
+        if any(config.get(k) != v for k, v in pinned.items() if k in config):
             continue
         if first is None:
             first = config
@@ -92,8 +115,9 @@ def logical_weight(template: str, packed: np.ndarray) -> np.ndarray:
 
 
 class _Lowering:
-    def __init__(self, plan: FusionPlan, configs: Configs, target: str) -> None:
+    def __init__(self, plan: FusionPlan, configs: Configs, target: str, threads: int = 1) -> None:
         self.graph = plan.graph
+        self.threads = threads
         self.plan = plan
         self.configs = configs
         self.target = target
@@ -184,7 +208,7 @@ class _Lowering:
         template = op_templates()[aw.template]
         config = self.configs.get((aw.template, aw.workload))
         if config is None:
-            return default_config(template, aw.workload, self.target, blocks)
+            return default_config(template, aw.workload, self.target, blocks, self.threads)
         for k, v in blocks.items():
             if k in config and config[k] != v:
                 raise GraphError(
@@ -448,8 +472,9 @@ def steps_graph(graph: Graph, values: Graph, steps: list[Step]) -> Graph:
 
 
 def lower_model(
-    plan: FusionPlan, configs: Configs | None = None, target: str = "host"
+    plan: FusionPlan, configs: Configs | None = None, target: str = "host", threads: int = 1
 ) -> tuple[list[Step], Graph]:
-    """The steps of `plan` in call order, and the graph holding every value they pass."""
-    lowering = _Lowering(plan, configs or {}, target)
+    """The steps of `plan` in call order, and the graph holding every value they pass; anchors
+    without a config take `default_config` for `threads` threads."""
+    lowering = _Lowering(plan, configs or {}, target, threads)
     return lowering.lower(), lowering.values

@@ -6,6 +6,16 @@ kernel against numpy whatever layout a config picks: logical inputs in the op's 
 `unpack_output` turns the kernel's output back, to compare with `reference(*logical_inputs)`.
 `reference_kernel` gives a config's argument layout scheduled naively, for checking a tuned
 kernel on the device (see `reference`).
+
+Threads: a template with `parallel_choices` has one more knob, `parallel` (PARALLEL_KNOB), in
+the space of a task for more than one thread (`threaded_space`): which of its outer loops run on
+OpenMP's threads ("none": today's single-threaded schedule). The one-thread space has no such
+knob, so it is the same space (sizes and indices) as before the knob existed, its records keep
+their meaning, and a one-thread device never spends trials on it. A config without the knob is
+"none". A parallel loop is always a data loop outside every reduction split across threads
+(the schedule refuses to parallelize a reduce axis), so threads never add into one output.
+The thread count itself is the run's (OpenMP's OMP_NUM_THREADS / omp_set_num_threads), not
+the kernel's.
 """
 
 from __future__ import annotations
@@ -18,9 +28,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from compiler.ops.reference import naive_schedule
-from compiler.ops.space import Config, ConfigSpace
-from compiler.schedule.schedule import Schedule
-from compiler.te.tensor import PlaceholderOp, Tensor
+from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.schedule.schedule import Schedule, Stage
+from compiler.te.tensor import IterVar, PlaceholderOp, Tensor
 from compiler.toolchain import get_target
 
 
@@ -114,6 +124,11 @@ class OpTemplate:
         args = self.tensors(shape, self.layout_config(config))
         return naive_schedule(args), args
 
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The `parallel` knob's choices for more than one thread, "none" first (default: none,
+        so the template has no such knob); the first other one is the untuned default."""
+        return ()
+
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         """Whether `config` is plausible on `target` (e.g. its register tile fits the registers).
 
@@ -149,6 +164,42 @@ class OpTemplate:
     ) -> np.ndarray:
         """The kernel's output in the op's natural layout (default: unchanged)."""
         return output
+
+
+PARALLEL_KNOB = "parallel"
+NO_PARALLEL = "none"
+
+
+def parallel_of(config: Mapping[str, Any] | None) -> str:
+    """The `parallel` knob's value of `config` ("none" for a config without it)."""
+    if config is None:
+        return NO_PARALLEL
+    return str(config.get(PARALLEL_KNOB, NO_PARALLEL))
+
+
+def parallelize(st: Stage, loops: Sequence[IterVar], count: int) -> list[IterVar]:
+    """Fuse the first `count` of `loops` (a stage's adjacent data loops, outermost first) into
+    one loop and run it on OpenMP's threads; `loops` with the fused one in their place."""
+    first = st.fuse(*loops[:count]) if count > 1 else loops[0]
+    st.parallel(first)
+    return [first, *loops[count:]]
+
+
+def threaded_space(template: Template, shape: tuple[int, ...], threads: int = 1) -> ConfigSpace:
+    """The template's config space for kernels run on `threads` threads: `config_space(shape)`,
+    plus the `parallel` knob (last) when `threads` > 1 and the template has one.
+
+    Raises:
+        ValueError: `threads` is below 1, or the workload is bad (as `config_space`).
+    """
+    if threads < 1:
+        raise ValueError(f"a kernel runs on at least one thread, not {threads}")
+    space = template.config_space(shape)
+    choices = getattr(template, "parallel_choices", None)
+    options = choices(shape) if threads > 1 and choices is not None else ()
+    if len(options) < 2:
+        return space
+    return ConfigSpace([*space.knobs, Knob(PARALLEL_KNOB, tuple(options))])
 
 
 # zmm registers a register tile's accumulators may take: 32 minus the operands of the FMAs.

@@ -14,6 +14,10 @@ channels. The accumulators are a `cache_write` "local" tile computed at (compute
 register-tile loop; the epilogue is its own stage, into which the convolution's stage is
 inlined, so bias and ReLU are applied to the accumulators as they are stored (and the OW tail,
 when reg_n does not divide OW, is the core's loop partition's business).
+On more than one thread the `parallel` knob (see `base.threaded_space`) runs the output's
+outer loops on OpenMP's threads: "outer" the batch fused with the next loop (output-channel
+blocks, or rows of tiles with oc_order "inner"), "fused" with the next two (more, smaller
+chunks). Every reduction stays inside one output tile, so no two threads add into one output.
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate, register_file, register_tile_fits
+from compiler.ops.base import (
+    NO_PARALLEL,
+    OpTemplate,
+    parallel_of,
+    parallelize,
+    register_file,
+    register_tile_fits,
+)
 from compiler.ops.layout import pack_bias, pack_conv_weight, pack_nchwc, pad_spatial, unpack_nchwc
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import ceil_div, channel_blocks, check_workload, tile_choices
@@ -37,6 +48,9 @@ RELU6_CAP = 6.0
 # Where the output-channel block loop sits: outside the rows ("outer": a block's weights stay
 # in L1/L2 across the image) or inside the pixel tile ("inner": the input tile stays in L1).
 OC_ORDERS = ("outer", "inner")
+# The `parallel` knob's choices on more than one thread, and how many outer loops each fuses.
+PARALLEL = (NO_PARALLEL, "outer", "fused")
+PARALLEL_LOOPS = {"outer": 2, "fused": 3}
 # How the register tile covers the image: "rows" is reg_n pixels of oh_tile rows; "flat" is
 # reg_n consecutive pixels of the image taken as one axis, across row ends (any count fits).
 PIXEL_TILINGS = ("rows", "flat")
@@ -223,6 +237,9 @@ class Conv2dNCHWcTemplate(OpTemplate):
             ]
         )
 
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        return PARALLEL
+
     @staticmethod
     def pixel_tiles(oh: int, ow: int) -> tuple[int, ...]:
         """reg_n's choices: the row tiles (powers of two and divisors of OW) and the flat ones."""
@@ -329,7 +346,7 @@ class Conv2dNCHWcTemplate(OpTemplate):
             flat = [b, oco, po] if config["oc_order"] == "outer" else [b, po, oco]
             st.reorder(*flat, pi, oci)
             st.unroll(pi)
-            return flat[-1]
+            return self.parallel_outer(st, flat, config)[-1]
         b, oco, oh, ow, oci = st.axis
         oho, ohi = st.split(oh, int(config.get("oh_tile", 1)))
         owo, owi = st.split(ow, int(config["reg_n"]))
@@ -337,7 +354,16 @@ class Conv2dNCHWcTemplate(OpTemplate):
         st.reorder(*outer, ohi, owi, oci)
         st.unroll(ohi)
         st.unroll(owi)
-        return outer[-1]
+        return self.parallel_outer(st, outer, config)[-1]
+
+    @staticmethod
+    def parallel_outer(st: Stage, outer: list[IterVar], config: Config) -> list[IterVar]:
+        """`outer` (the output's loops outside its tile) after the `parallel` knob fused the
+        first of them into the loop OpenMP runs (see the module doc)."""
+        parallel = parallel_of(config)
+        if parallel == NO_PARALLEL:
+            return outer
+        return parallelize(st, outer, PARALLEL_LOOPS[parallel])
 
     def schedule_accumulators(self, st: Stage, config: Config) -> None:
         """Loops rco, ry, rx, rci | oh, ow (unrolled), oci (vector) inside the output's tile.

@@ -16,6 +16,11 @@ With k blocks, B is packed k block first: a row tile streams every panel of one 
 in [N/nr][K][nr] those kc x nr pieces sat K * nr * 4 bytes apart, a new stream for the
 hardware prefetcher each; k block first they are one run (sgemm 2048 on Zen 3, interleaved:
 1.03x numpy against 0.99x, and 0.99x against 0.89x in a noisier run).
+On more than one thread the `parallel` knob (see `base.threaded_space`) spreads the output's
+tiles over OpenMP's threads: "outer" the outermost loop over output tiles (blocks of rows with
+m_tiles, else panels or row tiles as `order` has them), "fused" that loop fused with the next
+one (more, smaller chunks). With k blocks those loops sit inside the k-block loop, a reduction
+every thread's tiles share: each k block is one parallel region over disjoint output tiles.
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate, register_file, register_tile_fits
+from compiler.ops.base import (
+    NO_PARALLEL,
+    OpTemplate,
+    parallel_of,
+    register_file,
+    register_tile_fits,
+)
 from compiler.ops.layout import pack_dense_weight
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import VECTOR_LANES, ceil_div, check_workload
@@ -41,6 +52,8 @@ _KC = (64, 128, 256, 512)
 # Which loop walks the other: "panel" streams every row tile of A past one panel of B
 # (B panel stationary in L1/L2), "row" streams every panel of B past one row tile of A.
 _ORDERS = ("panel", "row")
+# The `parallel` knob's choices on more than one thread (see the module doc).
+_PARALLEL = (NO_PARALLEL, "outer", "fused")
 
 
 def _nr_choices(n: int) -> tuple[int, ...]:
@@ -76,8 +89,13 @@ class DenseTemplate(OpTemplate):
             ]
         )
 
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        return _PARALLEL
+
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         m, n, _ = check_workload(self.name, shape, _FIELDS)
+        if parallel_of(config) == "fused" and config["pack_a"] and config["m_tiles"]:
+            return False  # A's block would be packed again for every panel of the fused loop
         regs = register_file(target)
         vectors = ceil_div(int(config["nr"]), regs.lanes)
         most = min(m, 12) * min(ceil_div(n, regs.lanes), 4)
@@ -182,14 +200,23 @@ class DenseTemplate(OpTemplate):
             outer.append(ib)
         else:
             it = io
-        if config["order"] == "row":
-            st.reorder(*outer, it, jo, ii, ji)
-            tile_at = jo
-        else:
-            st.reorder(*outer, jo, it, ii, ji)
-            tile_at = it
+        tiles_loops = [it, jo] if config["order"] == "row" else [jo, it]
+        st.reorder(*outer, *tiles_loops, ii, ji)
+        tile_at = tiles_loops[-1]
         st.unroll(ii)
         st.vectorize(ji)
+        # The data loops outside the register tile, outermost first: [ib] and the tile loops.
+        spatial = [*outer[len(st.reduce_axis) :], *tiles_loops]
+        parallel = parallel_of(config)
+        if parallel == "fused":
+            fused = st.fuse(spatial[0], spatial[1])
+            if spatial[1] is tile_at:
+                tile_at = fused
+            if tiles:
+                outer[-1] = fused
+            spatial = [fused, *spatial[2:]]
+        if parallel != NO_PARALLEL:
+            st.parallel(spatial[0])
         if config.get("pack_a"):
             # One block of A (its row tiles, one k block) is packed where the block starts;
             # with neither blocks of rows nor of k, all of A before the product.

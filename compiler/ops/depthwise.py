@@ -26,9 +26,11 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate
+from compiler.ops.base import NO_PARALLEL, OpTemplate, parallel_of, parallelize
 from compiler.ops.conv2d import (
     EPILOGUES,
+    PARALLEL,
+    PARALLEL_LOOPS,
     RELU6_CAP,
     local_accumulators,
     reference_epilogue,
@@ -113,6 +115,12 @@ class DepthwiseConv2dTemplate(OpTemplate):
             ]
         )
 
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The `parallel` choices: "outer" fuses batch and channel blocks into the parallel
+        loop, "fused" the rows too (the padded input is then made per row, whatever `pad_at`
+        says)."""
+        return PARALLEL
+
     def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
         return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
 
@@ -173,6 +181,12 @@ class DepthwiseConv2dTemplate(OpTemplate):
         st.reorder(b, co, y, xo, xi, ci)
         st.unroll(xi)
         st.vectorize(ci)
+        parallel = parallel_of(config)
+        if parallel != NO_PARALLEL:
+            count = PARALLEL_LOOPS[parallel]
+            fused = parallelize(st, [b, co, y], count)[0]
+            co = fused
+            y = fused if count == 3 else y
         if pad is not None:
             pad.compute_at(st, co if config.get("pad_at", "block") == "block" else y)
             pad.vectorize(pad.axis[-1])

@@ -16,7 +16,8 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate
+from compiler.ops.base import NO_PARALLEL, OpTemplate, parallel_of, parallelize
+from compiler.ops.conv2d import PARALLEL, PARALLEL_LOOPS
 from compiler.ops.layout import pack_nchwc, pad_spatial, unpack_nchwc
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import channel_blocks, check_workload, tile_choices
@@ -75,6 +76,11 @@ class Pool2dTemplate(OpTemplate):
             ]
         )
 
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The `parallel` choices: "outer" fuses batch and channel blocks into the parallel
+        loop, "fused" the rows too."""
+        return PARALLEL
+
     def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
         return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
 
@@ -129,6 +135,9 @@ class Pool2dTemplate(OpTemplate):
             st.reorder(b, co, y, xo, xi, ci)
         st.unroll(xi)
         st.vectorize(ci)
+        parallel = parallel_of(config)
+        if parallel != NO_PARALLEL:
+            parallelize(st, [b, co, y], PARALLEL_LOOPS[parallel])
         if acc is not out:
             sch[acc].compute_at(st, xo)
             at = sch[acc]
@@ -164,6 +173,11 @@ class GlobalAvgPoolTemplate(OpTemplate):
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         c = check_workload(self.name, shape, GLOBAL_FIELDS)[1]
         return ConfigSpace([Knob("c_block", channel_blocks(c)), Knob("unroll_w", (False, True))])
+
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The `parallel` choices: "outer" fuses batch and channel blocks into the parallel
+        loop."""
+        return (NO_PARALLEL, "outer")
 
     def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
         return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
@@ -202,6 +216,8 @@ class GlobalAvgPoolTemplate(OpTemplate):
         if config["unroll_w"]:
             st.unroll(rx)
         st.vectorize(ci)
+        if parallel_of(config) != NO_PARALLEL:
+            parallelize(st, [b, co], 2)
         return sch
 
     def pack_inputs(

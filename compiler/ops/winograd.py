@@ -20,6 +20,10 @@ per output position, chosen by a Select chain on the unrolled transform axes: on
 makes those axes constants the simplifier keeps the one branch, so only non-zero coefficients are
 computed. The GEMM is the dense template's register tile: `reg_p` tiles x `oc_block` lanes of
 accumulators in a `cache_write` local tile.
+On more than one thread the `parallel` knob runs each stage's outer data loops on OpenMP's
+threads, all three in one parallel region ("outer": tiles of `wino_in`, (eps, nu) of
+`wino_mm`, (batch, oc block) of the output; "fused": each with its next loop too). Every
+reduction (over input channels) stays inside one thread's iteration.
 """
 
 from __future__ import annotations
@@ -32,7 +36,13 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import register_file, register_tile_fits
+from compiler.ops.base import (
+    NO_PARALLEL,
+    parallel_of,
+    parallelize,
+    register_file,
+    register_tile_fits,
+)
 from compiler.ops.conv2d import RELU6_CAP, Conv2dNCHWcTemplate, conv_geometry
 from compiler.ops.layout import pack_bias, pack_nchwc
 from compiler.ops.space import Config, ConfigSpace, Knob
@@ -299,6 +309,13 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
         sv.unroll(eps)
         sv.unroll(nu)
         sv.vectorize(ci_v)
+        parallel = parallel_of(config)
+        if parallel != NO_PARALLEL:
+            # "outer": tiles of the input transform, (eps, nu) of the products, (batch, oc
+            # block) of the output transform; "fused": each with its next loop too.
+            more = parallel == "fused"
+            parallelize(sv, [p, co_v], 1 + more)
+            parallelize(st, [b, co, yo], 2 + more)
 
         acc = sch.cache_write(mm, "local")
         sm = sch[mm]
@@ -307,6 +324,9 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
         sm.reorder(eps, nu, co, po, pi, ci)
         sm.unroll(pi)
         sm.vectorize(ci)
+        if parallel != NO_PARALLEL:
+            loops = parallelize(sm, [eps, nu, co, po], 2 + (parallel == "fused"))
+            po = loops[-1]
         sa = sch[acc]
         sa.compute_at(sm, po)
         (r,) = sa.reduce_axis

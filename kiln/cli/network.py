@@ -66,6 +66,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument(
         "--target", default="host", help="what to compile for: host (default) or a named target"
     )
+    b.add_argument(
+        "--threads",
+        type=common.positive_int,
+        default=None,
+        metavar="N",
+        help="threads each kernel runs on (default: the count --target carries, "
+        "'host/threads=4', else 1): only records tuned on N threads are used, and untuned "
+        "kernels run their outer loops on N threads",
+    )
     common.add_input_shape_arg(b)
     b.set_defaults(func=cmd_build)
 
@@ -206,25 +215,31 @@ def cmd_build(args: argparse.Namespace) -> int:
     from compiler.graph.build_model import build_model
     from compiler.graph.ir import GraphError
     from tuner.network.tune import configs_from_records, model_tasks
+    from tuner.records import split_threads
 
-    common.check_target_name(args.target)
+    common.check_target_name(split_threads(args.target)[0])
     store = common.open_records(args.records, must_exist=True)
     assert store is not None
     graph = _load(args)
     try:
-        configs = configs_from_records(graph, store, args.target)
+        configs = configs_from_records(graph, store, args.target, args.threads)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     finally:
         store.close()
-    tunable, skipped = model_tasks(graph)
+    target, carried = split_threads(args.target)
+    threads = carried if args.threads is None else args.threads
+    tunable, skipped = model_tasks(graph, threads)
     try:
-        artifact = build_model(graph, configs, args.target)
+        artifact = build_model(graph, configs, target, threads)
     except (GraphError, CompilerError) as exc:
         raise CliError(f"building {args.model}: {exc}") from None
     out = artifact.save(args.output)
     print(artifact.summary)
     print(
         f"wrote {out}: {len(configs)} of {len(tunable)} tunable tasks tuned from {args.records}, "
-        f"{len(tunable) - len(configs)} with default configs, {len(skipped)} not tunable"
+        f"{len(tunable) - len(configs)} with default configs, {len(skipped)} not tunable; "
+        f"kernels for {threads} thread(s)"
     )
     return 0
 

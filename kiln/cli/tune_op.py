@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from contextlib import ExitStack, closing
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOptions) -> TuneProgress:
     """Tune `task` on the flags' pool with a progress bar; Ctrl-C says where the records are."""
     from kiln.cli.progress import ProgressBar
-    from tuner.loop import on_progress, target_name, tune
+    from tuner.loop import builder_records_target, on_progress, tune
     from tuner.search import searcher_for
 
     with ExitStack() as stack:
@@ -71,7 +72,11 @@ def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOption
         builder = common.builder(args, pool)
         stack.callback(builder.close)
         runner = stack.enter_context(closing(pool.runner(common.evaluator(args))))
-        searcher, note = searcher_for(task, options, store, pool.target, target_name(pool.target))
+        # the space of the threads the builder builds for (the device's `threads` tag)
+        task = dataclasses.replace(task, threads=int(getattr(builder, "threads", 1)))
+        searcher, note = searcher_for(
+            task, options, store, pool.target, builder_records_target(builder)
+        )
         if note:
             print(note, file=sys.stderr)
         bar = ProgressBar(emulated=pool.emulated)

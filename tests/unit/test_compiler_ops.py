@@ -18,10 +18,13 @@ from compiler.lower import lower
 from compiler.ops import layout
 from compiler.ops.base import (
     MAX_ACCUMULATORS,
+    NO_PARALLEL,
+    PARALLEL_KNOB,
     OpTemplate,
     RegisterFile,
     output_arrays,
     register_file,
+    threaded_space,
 )
 from compiler.ops.space import Config
 from compiler.te.tensor import ComputeOp
@@ -30,6 +33,7 @@ pytestmark = pytest.mark.usefixtures("build_cache")
 
 # (template, shapes built with gcc, a tiny shape for the interpreter)
 CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
+    "vta_dense": ([(64, 48, 80), (33, 17, 19), (1, 16, 16)], (5, 7, 20)),  # its host reference
     "dense": ([(64, 96, 80), (7, 33, 19), (1, 16, 300), (16, 32, 256)], (3, 20, 5)),
     "conv2d_nchwc": (
         [
@@ -486,3 +490,98 @@ def test_depthwise_pads_its_input_itself_per_block_or_per_row() -> None:
             cases.append((shape, space.get(space.index_of(knobs))))
     for (shape, config), (ours, ref) in zip(cases, run_built(dw, cases), strict=True):
         check_close(ours, ref, f"depthwise {shape} {dict(config)}", shape[4] * shape[5])
+
+
+# -- threads ------------------------------------------------------------------------------------
+PARALLEL_TEMPLATES = sorted(n for n in CASES if template(n).parallel_choices(CASES[n][0][0]))
+
+
+def _libgomp() -> ctypes.CDLL:
+    gomp = ctypes.CDLL("libgomp.so.1")  # the runtime the kernels link (-fopenmp)
+    gomp.omp_set_num_threads.argtypes = [ctypes.c_int]
+    gomp.omp_get_max_threads.restype = ctypes.c_int
+    return gomp
+
+
+def test_one_thread_space_is_the_space_without_a_parallel_knob() -> None:
+    for name in PARALLEL_TEMPLATES:
+        t, shape = template(name), CASES[name][0][0]
+        one, two = threaded_space(t, shape, 1), threaded_space(t, shape, 2)
+        assert one.knobs == t.config_space(shape).knobs  # same indices: old records keep meaning
+        assert two.knobs[:-1] == one.knobs and two.knobs[-1].name == PARALLEL_KNOB
+        assert two.knobs[-1].choices[0] == NO_PARALLEL and len(two.knobs[-1].choices) >= 2
+    assert threaded_space(template("softmax"), (4, 100), 8).knobs == (
+        template("softmax").config_space((4, 100)).knobs
+    )
+    with pytest.raises(ValueError, match="at least one thread"):
+        threaded_space(template("dense"), (4, 4, 4), 0)
+
+
+@pytest.mark.parametrize("name", PARALLEL_TEMPLATES)
+def test_parallel_kernels_match_numpy_at_1_2_3_threads(name: str) -> None:
+    """Every parallel choice, on odd shapes, run on 1, 2 and 3 OpenMP threads (more threads
+    than cores included): the same answers as numpy."""
+    t = template(name)
+    rng = np.random.default_rng(5)
+    cases = []
+    for shape in CASES[name][0][:3]:
+        space = threaded_space(t, shape, 2)
+        for choice in space.knobs[-1].choices[1:]:
+            picked = [space.get(int(i)) for i in rng.integers(0, len(space), 200)]
+            fitting = [c for c in picked if c[PARALLEL_KNOB] == choice]
+            plausible = [c for c in fitting if t.worth_measuring(shape, c)] or fitting
+            cases += [(shape, c) for c in plausible[:1]]
+    assert cases
+    gomp = _libgomp()
+    before = gomp.omp_get_max_threads()
+    try:
+        for threads in (1, 2, 3):
+            gomp.omp_set_num_threads(threads)
+            for (shape, config), (ours, ref) in zip(cases, run_built(t, cases), strict=True):
+                what = f"{name} {shape} {dict(config)} on {threads} threads"
+                check_close(ours, ref, what, reduction_length(t, shape, ref.size))
+    finally:
+        gomp.omp_set_num_threads(before)
+
+
+def _parallel_loops(stmt: Any, outer: tuple[str, ...] = ()) -> list[tuple[str, tuple[str, ...]]]:
+    """(parallel loop's var, the vars of the loops around it) of every parallel loop in `stmt`."""
+    from compiler.ir.stmt import For, ForKind
+
+    found: list[tuple[str, tuple[str, ...]]] = []
+    if isinstance(stmt, For):
+        if stmt.kind is ForKind.PARALLEL:
+            found.append((stmt.var.name, outer))
+        return found + _parallel_loops(stmt.body, (*outer, stmt.var.name))
+    for value in vars(stmt).values() if hasattr(stmt, "__dict__") else ():
+        children = value if isinstance(value, list | tuple) else [value]
+        for child in children:
+            if hasattr(child, "__dict__") and not isinstance(child, type):
+                found += _parallel_loops(child, outer)
+    return found
+
+
+def test_dense_parallel_loop_sits_inside_the_k_block_reduction() -> None:
+    """With k blocks, C sums partial products over the k-block loop: the parallel loop over
+    output tiles runs inside it (each k block one region), never around it."""
+    t, shape = template("dense"), (64, 96, 256)
+    space = threaded_space(t, shape, 2)
+    for parallel in ("outer", "fused"):
+        config = space.get(
+            space.index_of(
+                {
+                    "nr": 32,
+                    "mr": 4,
+                    "m_tiles": 4,
+                    "kc": 64,
+                    "unroll_k": 1,
+                    "order": "panel",
+                    "pack_a": False,
+                    "parallel": parallel,
+                }
+            )
+        )
+        sch, args = t.instantiate(shape, config)
+        loops = _parallel_loops(lower(sch, args, "f").body)
+        inside = [outer for _, outer in loops if "ko" in outer]
+        assert inside, f"{parallel}: no parallel loop inside the k-block loop: {loops}"

@@ -11,12 +11,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.frontend.onnx import from_onnx
+from compiler.graph.build_model import plan_model
 from compiler.graph.ir import Graph
+from compiler.graph.model_kernels import default_config
+from compiler.ops import op_templates
+from compiler.ops.base import PARALLEL_KNOB, parallel_of
 from tuner import records as rec
+from tuner.loop import builder_records_target, target_name, tune
 from tuner.measure import MeasureResult, Status
+from tuner.measure.builder import LocalBuilder, build_unit
 from tuner.measure.device_target import TargetError, device_records_target, device_threads
-from tuner.network.tune import configs_from_records, model_tasks
+from tuner.measure.fake_runner import FakeRunner
+from tuner.network.tune import configs_from_records, model_tasks, one_thread_seeds
+from tuner.options import TuneOptions
 from tuner.records import FileRecords
+from tuner.task import Task
 
 WL = rec.Workload("matmul", (64, 64, 64))
 AVX512 = {"arch": "x86_64", "features": "avx512f,avx2,fma"}
@@ -112,29 +121,96 @@ def matmul_net() -> Graph:
 
 def test_a_build_takes_only_records_of_its_thread_count(tmp_path: Path) -> None:
     graph = matmul_net()
-    tunable, _ = model_tasks(graph)
-    mt = tunable[0]
-    size = len(mt.task.space)
-    assert size > 1
-    one_thread, two_threads = 0, 1
+    mt = model_tasks(graph)[0][0]
+    mt2 = model_tasks(graph, threads=2)[0][0]  # the same task with the `parallel` knob
+    space, space2 = mt.task.space, mt2.task.space
+    assert len(space) > 1
+    assert len(space2) == 3 * len(space) and space2.knobs[-1].name == "parallel"
+    one_thread = 0
+    two_threads = space2.index_of({**space.get(1), "parallel": "outer"})
     store = FileRecords(tmp_path / "r.jsonl")
     store.append(
         [
-            make(one_thread, 1e-9, "fake-target", mt.task.workload, size),
-            make(two_threads, 1e-3, "fake-target/threads=2", mt.task.workload, size),
+            make(one_thread, 1e-9, "fake-target", mt.task.workload, len(space)),
+            make(two_threads, 1e-3, "fake-target/threads=2", mt.task.workload, len(space2)),
         ]
     )
-    space = mt.task.space
 
-    def chosen(threads: int | None = None) -> int | None:
-        configs = configs_from_records(graph, store, "fake-target", threads)
-        return space.index_of(configs[mt.spec.key]) if mt.spec.key in configs else None
+    def chosen(threads: int | None = None, target: str = "fake-target") -> int | None:
+        configs = configs_from_records(graph, store, target, threads)
+        if mt.spec.key not in configs:
+            return None
+        config = configs[mt.spec.key]
+        return (space2 if parallel_of(config) != "none" else space).index_of(config)
 
     assert chosen() == one_thread  # a build without a count is a one-thread build
     assert chosen(threads=1) == one_thread
     assert chosen(threads=2) == two_threads
     assert chosen(threads=4) is None  # nothing tuned for 4 threads: the default config
-    by_target = configs_from_records(graph, store, "fake-target/threads=2")
-    assert space.index_of(by_target[mt.spec.key]) == two_threads
+    assert chosen(target="fake-target/threads=2") == two_threads
     with pytest.raises(ValueError, match="carries 2 threads"):
         configs_from_records(graph, store, "fake-target/threads=2", threads=3)
+
+
+def test_a_two_thread_build_uses_no_one_thread_record_and_parallel_defaults(
+    tmp_path: Path,
+) -> None:
+    graph = matmul_net()
+    mt = model_tasks(graph)[0][0]
+    tuned = len(mt.task.space) - 1  # a one-thread record of a config no default would pick
+    store = FileRecords(tmp_path / "r.jsonl")
+    host = target_name("host")
+    store.append([make(tuned, 1e-9, host, mt.task.workload, len(mt.task.space))])
+    assert mt.task.space.index_of(configs_from_records(graph, store, "host")[mt.spec.key]) == tuned
+    two = configs_from_records(graph, store, "host", threads=2)
+    assert two == {}  # nothing tuned for two threads: every kernel takes its default
+    anchors = [s for s in plan_model(graph, two, "host", threads=2).steps if s.role == "anchor"]
+    assert anchors and all(s.config is not None for s in anchors)
+    assert all(dict(s.config) != dict(mt.task.space.get(tuned)) for s in anchors if s.config)
+    assert all(s.config is not None and PARALLEL_KNOB in s.config for s in anchors)
+    # the default on several threads runs the outer loop in parallel, unless the kernel is tiny
+    dense = op_templates()["dense"]
+    assert default_config(dense, (256, 256, 256), "host", {}, threads=2)[PARALLEL_KNOB] == "outer"
+    assert default_config(dense, (8, 16, 8), "host", {}, threads=2)[PARALLEL_KNOB] == "none"
+    assert PARALLEL_KNOB not in default_config(dense, (256, 256, 256), "host", {})
+
+
+def test_a_builder_for_two_threads_builds_the_parallel_space_and_names_its_records() -> None:
+    wl = rec.Workload("dense", (37, 50, 64))
+    task = Task(wl, threads=2)
+    index = next(
+        i
+        for i in range(len(task.space))
+        if task.space.get(i)[PARALLEL_KNOB] == "fused" and task.worth_measuring(i)
+    )
+    (built,) = build_unit(wl, [index], "host", threads=2)
+    assert built.artifact is not None, built.error
+    assert built.artifact.entries[0].symbol.endswith(f"_t2_c{index}")
+    builder = LocalBuilder(threads=2)
+    try:
+        assert builder_records_target(builder) == f"{target_name('host')}/threads=2"
+        with pytest.raises(ValueError, match="task is for 1 thread"):
+            tune(Task(wl), builder, FakeRunner(lambda art: 1e-3), TuneOptions(trials=1))
+    finally:
+        builder.close()
+    assert builder_records_target(LocalBuilder()) == target_name("host")
+
+
+def test_two_thread_tuning_first_measures_the_best_one_thread_config_in_parallel(
+    tmp_path: Path,
+) -> None:
+    graph = matmul_net()
+    mt1, mt2 = model_tasks(graph)[0][0], model_tasks(graph, threads=2)[0][0]
+    host = target_name("host")
+    store = FileRecords(tmp_path / "r.jsonl")
+    size = len(mt1.task.space)
+    store.append(
+        [make(3, 2e-3, host, mt1.task.workload, size), make(5, 1e-3, host, mt1.task.workload, size)]
+    )
+    seeds = one_thread_seeds(mt2, store, rec.records_target(host, 2))
+    knobs = dict(mt1.task.space.get(5))
+    assert seeds == [
+        mt2.task.space.index_of({**knobs, PARALLEL_KNOB: c}) for c in ("outer", "fused")
+    ]
+    assert one_thread_seeds(mt1, store, host) == []  # one thread: nothing to carry over
+    assert one_thread_seeds(mt2, None, rec.records_target(host, 2)) == []

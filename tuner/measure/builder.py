@@ -41,6 +41,7 @@ from typing import Protocol, runtime_checkable
 from compiler import build as compiler_build
 from compiler.artifact import Artifact
 from compiler.ops.reference import reference_kernel, reference_symbol
+from compiler.ops.vta_dense import VTA_TARGET, VtaDenseTemplate, build_vta
 from compiler.toolchain import CACHE_ENV
 from tuner.measure.build_stream import BuildResult, BuildStream, FuturesEngine
 from tuner.measure.runner import Reference
@@ -75,7 +76,8 @@ def reference_for(task: Task, index: int, target: str) -> Reference:
     if found is not None:
         return found
     kernel = reference_kernel(task.template, task.workload.shape, config)
-    art = compiler_build.build_many([kernel], target)
+    # an accelerator program is checked against the compute built for the device's host
+    art = compiler_build.build_many([kernel], "host" if target == VTA_TARGET else target)
     outputs = sum(math.prod(a.shape) for a in art.entries[0].args if a.role == "output")
     terms = max(1.0, task.flop / (2 * max(outputs, 1)))
     ref = Reference(art, kernel.symbol, CHECK_RTOL, CHECK_ATOL_PER_SQRT_TERM * math.sqrt(terms))
@@ -97,23 +99,28 @@ def _with_reference(result: BuildResult, task: Task, target: str) -> BuildResult
     return dataclasses.replace(result, reference=ref)
 
 
-def _symbol(workload: Workload, index: int) -> str:
-    return f"kiln_{workload.op}_{'x'.join(map(str, workload.shape))}_c{index}"
+def _symbol(workload: Workload, index: int, threads: int = 1) -> str:
+    # the index names a config of the space for `threads` (one thread: no mark, as ever); the
+    # index stays last, where `fake_runner.config_index_of` reads it
+    mark = "" if threads == 1 else f"_t{threads}"
+    return f"kiln_{workload.op}_{'x'.join(map(str, workload.shape))}{mark}_c{index}"
 
 
 def _kernel(task: Task, index: int) -> compiler_build.Kernel:
     sch, args = task.template.instantiate(task.workload.shape, task.space.get(index))
-    return compiler_build.Kernel(sch, args, _symbol(task.workload, index), task.flop)
+    symbol = _symbol(task.workload, index, task.threads)
+    return compiler_build.Kernel(sch, args, symbol, task.flop)
 
 
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def build_one(workload: Workload, index: int, target: str) -> BuildResult:
-    """Instantiate the template with config `index`, lower, generate C and compile it."""
+def build_one(workload: Workload, index: int, target: str, threads: int = 1) -> BuildResult:
+    """Instantiate the template with config `index` (of the space for `threads` threads),
+    lower, generate C and compile it."""
     try:
-        task = Task(workload)
+        task = Task(workload, threads)
         art = compiler_build.build_many([_kernel(task, index)], target)
     except Exception as exc:  # any failure of one candidate is that candidate's result
         return BuildResult(index, None, _error(exc))
@@ -132,26 +139,35 @@ def entry_first(art: Artifact, symbol: str) -> Artifact:
 
 
 def build_unit(
-    workload: Workload, indices: Sequence[int], target: str, check: bool = False
+    workload: Workload,
+    indices: Sequence[int],
+    target: str,
+    check: bool = False,
+    threads: int = 1,
 ) -> list[BuildResult]:
-    """Build `indices` as one translation unit; one BuildResult per index, in order.
+    """Build `indices` (of the config space for `threads` threads, `Task.threads`) as one
+    translation unit; one BuildResult per index, in order.
 
     A config that does not instantiate fails alone; if the unit does not build, each remaining
     config is built by itself so that only the bad one fails. With `check`, each result carries
     the reference of its layout (`reference_for`).
     """
-    out = _build_unit(workload, indices, target)
+    out = _build_unit(workload, indices, target, threads)
     if not check:
         return out
-    task = Task(workload)
+    task = Task(workload, threads)
     return [_with_reference(r, task, target) for r in out]
 
 
-def _build_unit(workload: Workload, indices: Sequence[int], target: str) -> list[BuildResult]:
+def _build_unit(
+    workload: Workload, indices: Sequence[int], target: str, threads: int = 1
+) -> list[BuildResult]:
     try:
-        task = Task(workload)
+        task = Task(workload, threads)
     except Exception as exc:
         return [BuildResult(i, None, _error(exc)) for i in indices]
+    if target == VTA_TARGET:
+        return [_build_vta(task, i) for i in indices]
     kernels: dict[int, compiler_build.Kernel] = {}
     failed: dict[int, str] = {}
     for i in indices:
@@ -177,6 +193,20 @@ def _build_unit(workload: Workload, indices: Sequence[int], target: str) -> list
             except Exception as exc:
                 out.append(BuildResult(i, None, _error(exc)))
     return out
+
+
+def _build_vta(task: Task, index: int) -> BuildResult:
+    """One candidate's accelerator program (target "vta": instructions, not C)."""
+    try:
+        if not isinstance(task.template, VtaDenseTemplate):
+            raise ValueError(
+                f"target {VTA_TARGET} builds vta_* templates, not {task.template.name}"
+            )
+        symbol = _symbol(task.workload, index, task.threads)
+        art = build_vta(task.template, task.workload.shape, {symbol: task.space.get(index)})
+    except Exception as exc:
+        return BuildResult(index, None, _error(exc))
+    return BuildResult(index, art)
 
 
 class Builder(Protocol):
@@ -265,6 +295,8 @@ class LocalBuilder:
             builds off the core a local agent is pinned to.
         timeout_s: a unit not built this long after a worker took it is a BUILD_ERROR (None:
             no limit). A batch built in this process (`build` with one worker) has none.
+        threads: the thread count the kernels are built for: config indices are of
+            `Task(workload, threads)`'s space (its `parallel` knob when above 1).
 
     Raises:
         ValueError: workers or per_unit below 1, or a core this process may not use.
@@ -278,6 +310,7 @@ class LocalBuilder:
         cache_dir: str | os.PathLike[str] | None = None,
         cpus: Sequence[int] = (),
         timeout_s: float | None = BUILD_TIMEOUT_S,
+        threads: int = 1,
     ) -> None:
         if workers < 1 or per_unit < 1:
             raise ValueError(f"workers and per_unit must be >= 1, got {workers} and {per_unit}")
@@ -288,6 +321,7 @@ class LocalBuilder:
                 f"cannot build on core(s) {bad}: this process may use {sorted(allowed)}"
             )
         self.target = target
+        self.threads = threads
         self.per_unit = per_unit
         self.timeout_s = timeout_s
         self._cache_dir = None if cache_dir is None else str(Path(cache_dir))
@@ -315,7 +349,11 @@ class LocalBuilder:
         if self._pool is None:
             with _cache_env(self._cache_dir):
                 units = self.units(indices)
-                return [r for u in units for r in build_unit(workload, u, self.target, check)]
+                return [
+                    r
+                    for u in units
+                    for r in build_unit(workload, u, self.target, check, self.threads)
+                ]
         built = self.submit(workload, indices, check).results()
         if self._pool is None:  # closed meanwhile: the failures that came back are the close's
             raise RuntimeError("the builder was closed while it built")
@@ -330,7 +368,10 @@ class LocalBuilder:
         units = self.units(indices)
         if self._pool is not None:
             pool = self._pool
-            tasks = [pool.submit(build_unit, workload, u, self.target, check) for u in units]
+            tasks = [
+                pool.submit(build_unit, workload, u, self.target, check, self.threads)
+                for u in units
+            ]
         else:
             thread = self._thread()
             tasks = [thread.submit(self._build_here, workload, u, check) for u in units]
@@ -338,7 +379,7 @@ class LocalBuilder:
 
     def _build_here(self, workload: Workload, unit: list[int], check: bool) -> list[BuildResult]:
         with _cache_env(self._cache_dir):
-            return build_unit(workload, unit, self.target, check)
+            return build_unit(workload, unit, self.target, check, self.threads)
 
     def _thread(self) -> ThreadPoolExecutor:
         if self._async is None:

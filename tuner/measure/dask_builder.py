@@ -110,6 +110,7 @@ class DaskBuilder:
         timeout_s: a unit not built this long after the scheduler gave it to a worker is a
             BUILD_ERROR, and its task is cancelled (None: no limit).
         connect_timeout_s: how long to try to reach the scheduler.
+        threads: the thread count the kernels are built for (see `LocalBuilder`).
 
     Raises:
         ValueError: a bad address or per_unit below 1.
@@ -123,6 +124,7 @@ class DaskBuilder:
         per_unit: int = 4,
         timeout_s: float | None = BUILD_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        threads: int = 1,
     ) -> None:
         from distributed import Client
 
@@ -135,6 +137,7 @@ class DaskBuilder:
             self.target = target  # the workers may know it; each unit fails alone if not
         self.per_unit = per_unit
         self.timeout_s = timeout_s
+        self.threads = threads
         try:
             self._client = Client(self.address, timeout=connect_timeout_s, set_as_default=False)
         except (OSError, TimeoutError) as exc:
@@ -166,6 +169,7 @@ class DaskBuilder:
                     unit,
                     self.target,
                     check,
+                    self.threads,
                     key=f"kiln-build-{uuid.uuid4().hex}",
                     priority=-self._batches,
                 )

@@ -95,13 +95,16 @@ class NativeModel:
 
 
 class OrtPeer:
-    """onnxruntime on the CPU provider: 1 intra-op, 1 inter-op thread, sequential, ORT_ENABLE_ALL."""
+    """onnxruntime on the CPU provider: `threads` intra-op threads (default 1), 1 inter-op
+    thread, sequential, ORT_ENABLE_ALL."""
 
-    def __init__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], threads: int = 1
+    ) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
+        opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

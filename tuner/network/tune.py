@@ -35,11 +35,12 @@ from compiler.graph.build_model import optimize
 from compiler.graph.ir import Graph, Node
 from compiler.graph.model_kernels import default_config
 from compiler.graph.tasks import TaskKey, TaskSpec, extract_tasks
-from compiler.ops.base import OpTemplate
+from compiler.ops.base import PARALLEL_KNOB, OpTemplate
 from compiler.ops.space import Config
 from tuner import records as rec
 from tuner.loop import (
     TuneProgress,
+    builder_records_target,
     compiler_target,
     confirm_best,
     resumable_records,
@@ -82,11 +83,13 @@ class ModelTask:
         """The config the untuned build of this task uses on compile target `target`."""
         template = self.task.template
         assert isinstance(template, OpTemplate)  # a tunable task has a template
-        return default_config(template, self.task.workload.shape, target, self.blocks).index
+        shape, threads = self.task.workload.shape, self.task.threads
+        return default_config(template, shape, target, self.blocks, threads).index
 
 
-def model_tasks(graph: Graph) -> tuple[list[ModelTask], list[TaskSpec]]:
-    """The tunable tasks of `graph` (as `build_model` cuts it) and the specs that are not.
+def model_tasks(graph: Graph, threads: int = 1) -> tuple[list[ModelTask], list[TaskSpec]]:
+    """The tunable tasks of `graph` (as `build_model` cuts it) for kernels on `threads` threads,
+    and the specs that are not.
 
     `blocks` of a task are the default layout's (what the untuned build uses); a tuned config
     may pick others, and the builder lays the graph out to them.
@@ -100,9 +103,29 @@ def model_tasks(graph: Graph) -> tuple[list[ModelTask], list[TaskSpec]]:
             skipped.append(spec)
             continue
         blocks = _blocks(fusion.graph, groups[spec.groups[0]].anchor, spec)
-        task = Task(rec.Workload(spec.template, spec.workload))
+        task = Task(rec.Workload(spec.template, spec.workload), threads)
         tunable.append(ModelTask(spec, task, blocks))
     return tunable, skipped
+
+
+def one_thread_seeds(mt: ModelTask, store: RecordStore | None, records_target: str) -> list[int]:
+    """For a task of several threads: the best one-thread record's config (of the same target
+    class in `store`) with each choice of its `parallel` knob, as first candidates to measure.
+
+    A one-thread record never stands in for more threads; its config is only measured again
+    on them, so the search starts from tiles already good on one core.
+    """
+    base, threads = rec.split_threads(records_target)
+    if threads == 1 or store is None:
+        return []
+    one = Task(mt.task.workload)
+    size = len(one.space)
+    best = rec.apply_best(store.load(mt.task.workload, base), mt.task.workload, base, size)
+    knob = next((k for k in mt.task.space.knobs if k.name == PARALLEL_KNOB), None)
+    if best is None or knob is None:
+        return []
+    knobs = dict(one.space.get(best.index))
+    return [mt.task.space.index_of({**knobs, PARALLEL_KNOB: c}) for c in knob.choices[1:]]
 
 
 def _blocks(g: Graph, anchor: Node, spec: TaskSpec) -> dict[str, int]:
@@ -302,11 +325,11 @@ def tune_network(
         from compiler.frontend.onnx import load_onnx  # onnx is only needed for a path
 
         graph = load_onnx(graph_or_path, input_shapes)
-    tunable, skipped = model_tasks(graph)
+    tunable, skipped = model_tasks(graph, int(getattr(builder, "threads", 1)))
     for spec in skipped:
         _LOG.info("not tuned: %s x%d: %s", spec.anchor_op, spec.weight, spec.note)
     target = compiler_target(builder.target)
-    records_target = target_name(builder.target)
+    records_target = builder_records_target(builder)
     transfer: dict[rec.Workload, str] = {}
     factory = searcher_factory or default_searcher_factory(
         options, store, target, records_target, transfer
@@ -315,7 +338,10 @@ def tune_network(
         _TaskRun(
             mt,
             # the untuned build's config first: a tuned build is never slower than the default
-            SeededSearch(factory(mt.task, mt.fits), [mt.default_index(target)]),
+            SeededSearch(
+                factory(mt.task, mt.fits),
+                [mt.default_index(target), *one_thread_seeds(mt, store, records_target)],
+            ),
             builder,
             runner,
             store,
@@ -421,8 +447,9 @@ def configs_from_records(
     base, carried = rec.split_threads(target)
     if threads is not None and rec.THREADS_MARK in target and threads != carried:
         raise ValueError(f"target {target!r} carries {carried} threads, the build asks {threads}")
-    resolved = rec.records_target(target_name(base), carried if threads is None else threads)
-    tunable, _ = model_tasks(graph)
+    count = carried if threads is None else threads
+    resolved = rec.records_target(target_name(base), count)
+    tunable, _ = model_tasks(graph, count)
     for mt in tunable:
         size = len(mt.task.space)
         fitting = [

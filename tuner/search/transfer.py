@@ -92,7 +92,8 @@ class TransferModel:
         for r in records:
             if r.target != target or r.workload == exclude:
                 continue
-            task = tasks.setdefault(r.workload, Task(r.workload))
+            # a record's config is of the space of its thread count (`parallel` above one)
+            task = tasks.setdefault(r.workload, Task(r.workload, r.threads))
             try:
                 index = _index(task, r)
             except (KeyError, ValueError) as exc:  # an op or shape this version does not know
