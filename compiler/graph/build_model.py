@@ -43,7 +43,7 @@ from compiler.build import compile_kernels, kernel_entry
 from compiler.codegen.timing import TIMING_PRELUDE, render_timing, timing_symbol
 from compiler.gc_pause import without_gc
 from compiler.graph import passes as P
-from compiler.graph.ir import Graph, GraphError
+from compiler.graph.ir import Graph, GraphError, Node
 from compiler.graph.model_kernels import Configs, Step, lower_model, steps_graph
 from compiler.graph.passes.memory_plan import MemoryPlan
 from compiler.graph.tasks import TaskSpec, anchor_workload, extract_tasks
@@ -177,17 +177,28 @@ def config_blocks(fusion: P.FusionPlan, configs: Configs) -> dict[str, tuple[int
 
     Keyed by conv node name, for `optimize`: a tuned config picks its channel blocks, and the
     graph is laid out to them (a conv without a name or a config keeps the default blocks).
+
+    A task's config is chosen for the default blocks of its first conv (`extract_tasks`' order,
+    what tuning keeps to); another conv of the same workload laid out in other blocks keeps its
+    own, and takes its layout's default config. Inception-style nets run one 1x1 workload both
+    as a reduce conv (wide output blocks, into a 3x3) and as a branch joining a concat (the
+    concat's blocks): the reduce conv's config had forced its blocks on the branch, the concat
+    and the pool after it ran NCHW, and the tuned build ran at 7.6 ms against 6.4 untuned.
     """
     out: dict[str, tuple[int, int]] = {}
     names = Counter(n.name for n in fusion.graph.nodes if n.op == "conv2d_nchwc")
+    first: dict[tuple[str, tuple[int, ...]], tuple[int, int]] = {}
     for group in fusion.groups:
         anchor = group.anchor
         if anchor.op != "conv2d_nchwc" or group.nodes[0] is not anchor:
             continue
+        aw = anchor_workload(fusion.graph, group)
+        own = _blocks_of_node(fusion.graph, anchor)
+        if aw.template is None or first.setdefault((aw.template, aw.workload), own) != own:
+            continue  # another layout than the conv the task's config was chosen for
         if not anchor.name or names[anchor.name] > 1:
             continue  # not named, or not uniquely: it keeps the default blocks
-        aw = anchor_workload(fusion.graph, group)
-        config = configs.get((aw.template, aw.workload)) if aw.template else None
+        config = configs.get((aw.template, aw.workload))
         if config is None:
             continue
         if "c_block" in config:
@@ -257,6 +268,10 @@ def _blocks_of(fusion: P.FusionPlan, conv: str) -> tuple[int, int]:
     """The (input, output) blocks of conv node `conv` in a laid-out graph."""
     g = fusion.graph
     node = next(n for n in g.nodes if n.name == conv and n.op == "conv2d_nchwc")
+    return _blocks_of_node(g, node)
+
+
+def _blocks_of_node(g: Graph, node: Node) -> tuple[int, int]:
     return g.type_of(node.inputs[0]).shape[4], g.type_of(node.outputs[0]).shape[4]
 
 

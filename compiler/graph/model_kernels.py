@@ -209,12 +209,10 @@ class _Lowering:
         config = self.configs.get((aw.template, aw.workload))
         if config is None:
             return default_config(template, aw.workload, self.target, blocks, self.threads)
-        for k, v in blocks.items():
-            if k in config and config[k] != v:
-                raise GraphError(
-                    f"{aw.template}{aw.workload}: config {k}={config[k]} differs from the "
-                    f"graph's layout ({k}={v}); lay the graph out with that block"
-                )
+        if any(k in config and config[k] != v for k, v in blocks.items()):
+            # tuned for another of the task's convs, laid out in other blocks (`config_blocks`
+            # leaves this one in its own): the default config of this layout
+            return default_config(template, aw.workload, self.target, blocks, self.threads)
         return config
 
     def conv(self, group: FusedGroup, node: Node, aw: AnchorWorkload, out: str) -> Node | None:

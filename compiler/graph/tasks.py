@@ -51,6 +51,9 @@ class TaskSpec:
     anchor_op: str
     note: str = ""
     groups: tuple[int, ...] = field(default=())
+    # an anchor's output joins a concat in one of its groups: another output block there takes
+    # the concat (and what follows it) out of its blocked layout (`joins_concat`)
+    joined: bool = False
 
     @property
     def key(self) -> TaskKey:
@@ -146,15 +149,17 @@ def _conv_workload(graph: Graph, group: FusedGroup) -> AnchorWorkload:
 def extract_tasks(plan: FusionPlan) -> list[TaskSpec]:
     """One spec per distinct (template, workload) of the plan's anchored groups, with counts."""
     specs: dict[tuple[str | None, Workload, str], TaskSpec] = {}
+    users = plan.graph.consumers()
     for group in plan.groups:
         if group.anchor.op not in ("conv2d_nchwc", "dense", "matmul"):
             continue
         aw = anchor_workload(plan.graph, group)
         key = (aw.template, aw.workload, aw.note if aw.template is None else "")
+        joined = joins_concat(plan.graph, group.anchor, users)
         old = specs.get(key)
         if old is None:
             specs[key] = TaskSpec(
-                aw.template, aw.workload, 1, group.anchor.op, aw.note, (group.index,)
+                aw.template, aw.workload, 1, group.anchor.op, aw.note, (group.index,), joined
             )
         else:
             specs[key] = TaskSpec(
@@ -164,5 +169,27 @@ def extract_tasks(plan: FusionPlan) -> list[TaskSpec]:
                 old.anchor_op,
                 old.note,
                 (*old.groups, group.index),
+                old.joined or joined,
             )
     return list(specs.values())
+
+
+def joins_concat(graph: Graph, node: Node, users: dict[str, list[Node]]) -> bool:
+    """Whether `node`'s output, through ops of one computed input (ReLU, a scale, ...), reaches
+    a concat: the layout pass keeps a concat blocked only when all its inputs share a block, so
+    another output block there runs the concat, and the pool or conv reading it, in NCHW
+    (GoogLeNet-style zoo net: a tuned 1x1 branch with other blocks put a 1.5 ms NCHW max pool
+    into the build)."""
+    frontier = list(node.outputs)
+    for _ in range(8):
+        nxt: list[str] = []
+        for v in frontier:
+            for user in users.get(v, []):
+                if user.op == "concat":
+                    return True
+                if sum(u not in graph.constants for u in dict.fromkeys(user.inputs)) == 1:
+                    nxt.extend(user.outputs)
+        if not nxt:
+            return False
+        frontier = nxt
+    return False

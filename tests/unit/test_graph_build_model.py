@@ -391,8 +391,54 @@ def test_convs_that_share_a_name_keep_the_default_blocks() -> None:
     assert task.template is not None
     space = get_template(task.template).config_space(task.workload)
     config = next(space.get(i) for i in range(len(space)) if space.get(i)["ic_block"] == 32)
-    with pytest.raises(GraphError, match="ic_block=32"):
-        build_model(graph, {task.key: config})
+    plan = plan_model(graph, {task.key: config})  # the config is not applied: its blocks differ
+    assert all(
+        s.config["ic_block"] != 32 for s in plan.steps if s.config and "ic_block" in s.config
+    )
+    (x,) = graph.inputs
+    feeds = {x: np.random.default_rng(4).standard_normal(graph.type_of(x).shape).astype(np.float32)}
+    want = ModelRunner(build_model(graph)).run(feeds)[0]  # onnxruntime refuses repeated names
+    got = ModelRunner(build_model(graph, {task.key: config})).run(feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max())
+
+
+def test_a_config_keeps_its_blocks_off_a_conv_of_its_workload_laid_out_otherwise() -> None:
+    """One 1x1 workload twice: a reduce conv into a 3x3 (wide output blocks) and a branch
+    joining a concat (the concat's blocks). A config tuned with the reduce conv's blocks is not
+    forced on the branch: the concat and the pool after it stay blocked."""
+    net = Net(5)
+    x = "x"
+    relu = net.node("Relu", [net.conv(x, 64, 64, 1, pads=[0] * 4)])  # reduce conv ...
+    mid = net.node("Relu", [net.conv(relu, 64, 16, 3)])  # ... into a 3x3
+    branch = net.node("Relu", [net.conv(x, 64, 64, 1, pads=[0] * 4)])  # same workload, a branch
+    cat = net.node("Concat", [mid, branch], axis=1)
+    pool = net.node("MaxPool", [cat], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    model = net.model({x: (1, 64, 14, 14)}, [pool])
+    graph = from_onnx(model)
+    default = plan_model(graph)
+    blocks = [
+        (default.graph.type_of(n.inputs[0]).shape[4], default.graph.type_of(n.outputs[0]).shape[4])
+        for n in default.graph.nodes
+        if n.op == "conv2d_nchwc" and n.attrs["template"] == "conv2d_1x1_nchwc"
+    ]
+    assert blocks == [(16, 32), (16, 16)]  # one workload, two layouts
+    (task,) = [t for t in extract_tasks(P.fuse(default.graph)) if t.template == "conv2d_1x1_nchwc"]
+    space = get_template("conv2d_1x1_nchwc").config_space(task.workload)
+    config = next(
+        space.get(i)
+        for i in range(len(space) - 1, -1, -1)
+        if (space.get(i)["ic_block"], space.get(i)["oc_block"]) == (16, 32)
+    )
+    plan = plan_model(graph, {task.key: config})
+    ops = plan.graph.op_counts()
+    assert "max_pool2d" not in ops and ops["max_pool2d_nchwc"] == 1 and ops["layout_transform"] == 2
+    used = [s.config for s in plan.steps if s.config and s.config.get("oc_block") == 32]
+    assert used == [config]  # the reduce conv takes the tuned config, the branch its default
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = feeds_for(sess, 5)
+    want = sess.run(None, feeds)[0]
+    got = ModelRunner(build_model(graph, {task.key: config})).run(feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max())
 
 
 def test_convs_no_template_covers_run_with_generic_kernels() -> None:

@@ -463,9 +463,12 @@ def configs_from_records(
         keeping = [r for r in fitting if _fits(mt.task.space.get(r.config_index), mt.blocks)]
         kept = rec.apply_best(keeping, mt.task.workload, resolved, size)
         if kept is not None:
-            cost = layout_cost_s(mt, mt.task.space.get(best.index))
+            config = mt.task.space.get(best.index)
+            cost = layout_cost_s(mt, config)
             if kept.median_s - best.median_s <= cost + BLOCK_CHANGE_MARGIN * kept.median_s:
                 best = kept
+            elif mt.spec.joined and _output_block(config) != _output_block(mt.blocks):
+                best = kept  # another output block would take a concat out of its layout
         configs[mt.spec.key] = mt.task.space.get(best.index)
     return configs
 
@@ -488,6 +491,10 @@ def layout_cost_s(mt: ModelTask, config: Mapping[str, object]) -> float:
     oh, ow = (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1
     moved = changed_in * n * c * h * w + changed_out * n * oc * oh * ow
     return 4 * moved * LAYOUT_SECONDS_PER_BYTE
+
+
+def _output_block(knobs: Mapping[str, object]) -> object:
+    return knobs.get("oc_block", knobs.get("c_block"))
 
 
 def _fits(config: Mapping[str, object], blocks: Mapping[str, int]) -> bool:
