@@ -18,6 +18,12 @@ from device_agent.vta.sim import HazardKind, SimReport, Simulator, VtaHazard, bu
 from protos.vta import Buffer, Deps, Gemm, Load
 from protos.vta_program import Program, decode_programs
 from tuner.measure.builder import build_unit
+from tuner.measure.device_target import (
+    TargetError,
+    check_target,
+    device_records_target,
+    device_target,
+)
 from tuner.records import Workload
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
@@ -142,3 +148,15 @@ def test_builder_makes_accel_programs_with_host_references(sim: Simulator) -> No
         got, expected, _ = run(sim, program, (300, 24, 520))
         assert np.array_equal(got, expected)
     assert results[-1].artifact is None and "needs" in results[-1].error
+
+
+def test_a_vta_device_runs_the_vta_target_and_no_c_target() -> None:
+    vta = {"backend": "vta_sim", "arch": "vta", "emulated": "vta-sim", "vta_spec": "k"}
+    assert device_target(vta) == "vta"
+    assert check_target("vta", vta) == "vta"
+    assert device_records_target(vta) == device_records_target(vta, "vta") == "vta"
+    with pytest.raises(TargetError, match="it runs vta"):
+        check_target("host", vta)
+    with pytest.raises(TargetError, match="cannot run on"):
+        check_target("vta", {"arch": "x86_64", "features": "avx2,fma"})
+    assert device_target({"arch": "aarch64"}) == "aarch64-neon"  # other arches unchanged

@@ -9,6 +9,9 @@ A device may also say how many threads it runs one kernel on (`threads`: an agen
 core set tags it with the set's size); records of that device carry the count in their target
 (`device_records_target`: "x86_64-avx512/threads=4"), so tuning for one thread count is never
 applied to another. A device without the tag runs kernels on one thread.
+
+A simulated accelerator's device (`arch=vta`, the vta_sim backend) runs accelerator programs,
+not C: its target is "vta" (compiler.ops.vta_dense builds it), and no C target runs on it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,11 @@ from collections.abc import Mapping
 from compiler.toolchain import TARGETS, BuildError, get_target, host_target_name
 from protos.hostinfo import cpu_tags
 from tuner.records.record import records_target
+
+# The simulated accelerator's arch tag (device_agent.backends.vta_sim) and its target
+# (compiler.ops.vta_dense.VTA_TARGET; not imported, to keep this module off the op templates).
+VTA_ARCH = "vta"
+VTA_TARGET = "vta"
 
 # What each named target needs of a device: its arch and these features (empty: the base ISA).
 _NEEDS: dict[str, frozenset[str]] = {
@@ -48,6 +56,8 @@ def device_target(tags: Mapping[str, str]) -> str:
     """
     arch = tags.get("arch", "")
     features = _features(tags)
+    if arch == VTA_ARCH:
+        return VTA_TARGET
     if arch in ("aarch64", "arm64"):
         name = "aarch64-neon"
     elif arch in ("x86_64", "AMD64"):
@@ -60,7 +70,9 @@ def device_target(tags: Mapping[str, str]) -> str:
         else:
             name = "x86_64"
     else:
-        raise TargetError(f"device arch {arch!r} has no compiler target (known: x86_64, aarch64)")
+        raise TargetError(
+            f"device arch {arch!r} has no compiler target (known: x86_64, aarch64, {VTA_ARCH})"
+        )
     if name == host_target_name() and tags.get("emulated") is None:
         cpu = tags.get("cpu")
         if cpu is None or cpu == cpu_tags().get("cpu"):
@@ -74,6 +86,13 @@ def check_target(target: str, tags: Mapping[str, str], device: str = "the device
     Raises:
         TargetError: an unknown target, another arch, or features the device lacks.
     """
+    arch = tags.get("arch", "")
+    if target == VTA_TARGET or arch == VTA_ARCH:
+        if target == VTA_TARGET and arch == VTA_ARCH:
+            return target
+        raise TargetError(
+            f"target {target} cannot run on {device} (arch={arch}); it runs {device_target(tags)}"
+        )
     try:
         tgt = get_target(target)
     except BuildError as exc:
@@ -118,6 +137,8 @@ def device_records_target(tags: Mapping[str, str], target: str | None = None) ->
             `device_threads`.
     """
     name = device_target(tags) if target is None else check_target(target, tags)
+    if name == VTA_TARGET:
+        return records_target(VTA_TARGET, device_threads(tags))
     try:
         resolved = get_target(name).name
     except BuildError as exc:

@@ -1,0 +1,80 @@
+"""`kiln tune-op vta_dense --key vta-sim` tunes on simulated cycles through a real tracker and a
+real `device_agent --backend vta_sim` agent: the device's `arch=vta` tag makes the target "vta",
+candidates are accelerator programs checked on the agent against a host-built reference.
+
+Real `python -m tracker`, `python -m device_agent` and `python -m kiln` processes on 127.0.0.1
+(port 0), secured with a pool secrets file; every wait bounded; the servers ended by pid.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from kiln_cli import kiln
+from test_vta_sim_pool import spawn, stop
+
+from compiler.ops.vta_dense import VtaDenseTemplate
+from protos.auth import write_secrets
+from tuner import records as rec
+from tuner.measure import Status
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+SHAPE = (64, 64, 64)
+
+
+def test_tune_op_vta_dense_on_a_vta_sim_agent(tmp_path: Path) -> None:
+    secrets_path = tmp_path / "pool.secrets"
+    write_secrets(secrets_path)
+    records_path = tmp_path / "R.jsonl"
+    procs = []
+    try:
+        tracker, tracker_address = spawn(
+            tmp_path, "tracker",
+            ["tracker", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path)],
+        )  # fmt: skip
+        procs.append(tracker)
+        agent, _ = spawn(
+            tmp_path, "agent",
+            ["device_agent", "--tracker", tracker_address, "--key", "vta-sim", "--backend",
+             "vta_sim", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path),
+             "--cache-dir", str(tmp_path / "cache")],
+        )  # fmt: skip
+        procs.append(agent)
+        out = kiln(
+            "tune-op", "vta_dense", "--shape", ",".join(map(str, SHAPE)),
+            "--tracker", tracker_address, "--key", "vta-sim",
+            "--token-file", str(secrets_path), "--trials", "8", "--records", str(records_path),
+            timeout=240,
+        )  # fmt: skip
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+    assert out.returncode == 0, out.stderr
+    assert "target vta" in out.stderr and "best of 8 trials" in out.stdout
+
+    every = list(rec.load(records_path))
+    trials = [r for r in every if not r.confirmation]
+    assert len(trials) == 8
+    assert all(r.status == Status.OK and r.target == "vta" for r in every)
+    assert all(r.workload == rec.Workload("vta_dense", SHAPE) for r in every)
+
+    template = VtaDenseTemplate()
+    space = template.config_space(SHAPE)
+    workload = rec.Workload("vta_dense", SHAPE)
+    best = rec.best(every, workload, "vta", len(space))
+    assert best is not None
+    config = space.get(best.config_index)
+    assert dict(config) == best.knobs
+    assert template.worth_measuring(SHAPE, config, "vta")
+
+    # simulated cycles, not wall time: a config measured again (the confirmations) takes
+    # exactly the time it took before, every sample alike
+    confirmed = [r for r in every if r.confirmation]
+    assert confirmed
+    for r in confirmed:
+        [trial] = [t for t in trials if t.config_index == r.config_index]
+        assert r.result.samples_s == trial.result.samples_s
+        assert len(set(r.result.samples_s)) == 1
