@@ -21,6 +21,10 @@ import grpc
 from protos import tracker_pb2_grpc
 from protos.auth import TlsFiles, call_metadata, open_channel
 
+# The retry jitter's own generator: a background thread drawing from the global `random` would
+# shift the draws of whoever else uses it in the process (hypothesis flags tests whose strategies
+# see the global state move under them).
+_JITTER = random.Random()
 _LOG = logging.getLogger(__name__)
 # Used when the tracker answers a zero interval, and the floor that keeps a bad one from spinning.
 _DEFAULT_HEARTBEAT_S = 5.0
@@ -138,7 +142,7 @@ class Registrar:
                         )
                         break
             except grpc.RpcError as e:
-                delay_s = backoff_s * random.uniform(0.5, 1.0)
+                delay_s = backoff_s * _JITTER.uniform(0.5, 1.0)
                 _LOG.warning(
                     "tracker %s unreachable (%s); registering again in %.2f s",
                     self.tracker_address,
