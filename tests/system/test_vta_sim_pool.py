@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -63,6 +65,30 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(WAIT_S)
 
 
+@contextmanager
+def vta_pool(workdir: Path, secrets_path: Path) -> Iterator[str]:
+    """A real tracker and a `--backend vta_sim --key vta-sim` agent secured by `secrets_path`;
+    yields the tracker's address and ends both by pid."""
+    procs = []
+    try:
+        tracker, tracker_address = spawn(
+            workdir, "tracker",
+            ["tracker", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path)],
+        )  # fmt: skip
+        procs.append(tracker)
+        agent, _ = spawn(
+            workdir, "agent",
+            ["device_agent", "--tracker", tracker_address, "--key", "vta-sim", "--backend",
+             "vta_sim", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path),
+             "--cache-dir", str(workdir / "cache")],
+        )  # fmt: skip
+        procs.append(agent)
+        yield tracker_address
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
 def test_a_vta_sim_agent_serves_the_pool(tmp_path: Path) -> None:
     secrets_path = tmp_path / "pool.secrets"
     secrets = write_secrets(secrets_path)
@@ -70,20 +96,7 @@ def test_a_vta_sim_agent_serves_the_pool(tmp_path: Path) -> None:
     program = gemm_program(M, N, K, tile_rows=16, double_buffer=True)
     data, meta = program_artifact({"gemm": program}, {"gemm": (M, N, K)})
     ref_data, ref_meta = build_gemm_reference(str(tmp_path), M, N, K)
-    procs = []
-    try:
-        tracker, tracker_address = spawn(
-            tmp_path, "tracker",
-            ["tracker", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path)],
-        )  # fmt: skip
-        procs.append(tracker)
-        agent, _ = spawn(
-            tmp_path, "agent",
-            ["device_agent", "--tracker", tracker_address, "--key", "vta-sim", "--backend",
-             "vta_sim", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path),
-             "--cache-dir", str(tmp_path / "cache")],
-        )  # fmt: skip
-        procs.append(agent)
+    with vta_pool(tmp_path, secrets_path) as tracker_address:
         with grpc.insecure_channel(tracker_address) as channel:
             reply = tracker_pb2_grpc.TrackerStub(channel).Acquire(
                 tracker_pb2.AcquireRequest(
@@ -122,6 +135,3 @@ def test_a_vta_sim_agent_serves_the_pool(tmp_path: Path) -> None:
         assert result.emulated and result.device_id == lease.device.device_id
         cycles = result.samples_s[0] * result.telemetry.cpu_mhz * 1e6
         assert cycles > M * (N // 16) * (K // 16)  # at least the GEMM's own cycles
-    finally:
-        for proc in reversed(procs):
-            stop(proc)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from kiln_cli import kiln
-from test_vta_sim_pool import spawn, stop
+from test_vta_sim_pool import vta_pool
 
 from compiler.ops.vta_dense import VtaDenseTemplate
 from protos.auth import write_secrets
@@ -29,29 +29,13 @@ def test_tune_op_vta_dense_on_a_vta_sim_agent(tmp_path: Path) -> None:
     secrets_path = tmp_path / "pool.secrets"
     write_secrets(secrets_path)
     records_path = tmp_path / "R.jsonl"
-    procs = []
-    try:
-        tracker, tracker_address = spawn(
-            tmp_path, "tracker",
-            ["tracker", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path)],
-        )  # fmt: skip
-        procs.append(tracker)
-        agent, _ = spawn(
-            tmp_path, "agent",
-            ["device_agent", "--tracker", tracker_address, "--key", "vta-sim", "--backend",
-             "vta_sim", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path),
-             "--cache-dir", str(tmp_path / "cache")],
-        )  # fmt: skip
-        procs.append(agent)
+    with vta_pool(tmp_path, secrets_path) as tracker_address:
         out = kiln(
             "tune-op", "vta_dense", "--shape", ",".join(map(str, SHAPE)),
             "--tracker", tracker_address, "--key", "vta-sim",
             "--token-file", str(secrets_path), "--trials", "8", "--records", str(records_path),
             timeout=240,
         )  # fmt: skip
-    finally:
-        for proc in reversed(procs):
-            stop(proc)
     assert out.returncode == 0, out.stderr
     assert "target vta" in out.stderr and "best of 8 trials" in out.stdout
 

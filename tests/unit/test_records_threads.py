@@ -6,13 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from test_network_tune import matmul_net
 
-from compiler.frontend.onnx import from_onnx
 from compiler.graph.build_model import plan_model
-from compiler.graph.ir import Graph
 from compiler.graph.model_kernels import default_config
 from compiler.ops import op_templates
 from compiler.ops.base import PARALLEL_KNOB, parallel_of
@@ -95,28 +92,6 @@ def test_a_device_tag_gives_the_thread_count_of_its_records() -> None:
     for bad in ("0", "-1", "many"):
         with pytest.raises(TargetError, match="threads"):
             device_threads({**AVX512, "threads": bad})
-
-
-def matmul_net() -> Graph:
-    """x @ W1 -> Relu -> @ W2: two matmul tasks."""
-    rng = np.random.default_rng(0)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((32, 64)).astype(np.float32), "w1"),
-        numpy_helper.from_array(rng.standard_normal((64, 16)).astype(np.float32), "w2"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"]),
-        helper.make_node("Relu", ["h"], ["r"]),
-        helper.make_node("MatMul", ["r", "w2"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (8, 32))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        inits,
-    )
-    return from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 
 def test_a_build_takes_only_records_of_its_thread_count(tmp_path: Path) -> None:
