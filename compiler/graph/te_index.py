@@ -29,7 +29,7 @@ from compiler import te
 from compiler.graph.ir import TensorType
 from compiler.graph.ops_index import one_hot_index_dtype
 from compiler.graph.ops_util import norm_axis
-from compiler.graph.te_util import Attrs, ComputeFn, Index, compute_of, const
+from compiler.graph.te_util import Attrs, ComputeFn, Index, as_index, compute_of, const
 from compiler.ir import expr as E
 from compiler.te.math import clamp, isnan
 from compiler.te.tensor import Tensor
@@ -256,8 +256,6 @@ def _gather_elements(
         zero, size = const(0, at.dtype), const(dim, at.dtype)
         at = E.Select(E.LT(at, zero), at + size, at)
         at = E.Min(E.Max(at, zero), const(dim - 1, at.dtype))
-        if at.dtype != E.INDEX_DTYPE:
-            at = E.Cast(E.INDEX_DTYPE, at)
-        return data[_at(i, axis, at, True)]
+        return data[_at(i, axis, as_index(at), True)]
 
     return [compute_of(out_types[0], body, name or "gather_elements")]

@@ -38,6 +38,7 @@ from compiler.graph.te_util import (
     Attrs,
     ComputeFn,
     Index,
+    as_index,
     broadcast_load,
     compute_of,
     const,
@@ -458,9 +459,7 @@ def _gather(
     dim = data.shape[axis]
 
     def body(i: Index) -> E.Expr:
-        at: E.Expr = indices[i[axis : axis + q]]
-        if at.dtype != E.INDEX_DTYPE:
-            at = E.Cast(E.INDEX_DTYPE, at)
+        at = as_index(indices[i[axis : axis + q]])
         at = E.Select(E.LT(at, E.IntImm(0)), at + E.IntImm(dim), at)
         return data[(*i[:axis], at, *i[axis + q :])]
 
@@ -473,13 +472,9 @@ def _gather_channels_nchwc(
 ) -> list[Tensor]:
     data, blocks, lanes = inputs
 
-    def index(t: Tensor, cb: E.Expr, lane: E.Expr) -> E.Expr:
-        at: E.Expr = t[cb, lane]
-        return at if at.dtype == E.INDEX_DTYPE else E.Cast(E.INDEX_DTYPE, at)
-
     def body(i: Index) -> E.Expr:
         b, cb, y, x, lane = i
-        return data[b, index(blocks, cb, lane), y, x, index(lanes, cb, lane)]
+        return data[b, as_index(blocks[cb, lane]), y, x, as_index(lanes[cb, lane])]
 
     return [compute_of(out_types[0], body, name or "gather_channels")]
 

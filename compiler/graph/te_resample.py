@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from compiler.graph.ir import TensorType
 from compiler.graph.ops_util import norm_axis
-from compiler.graph.te_util import Attrs, ComputeFn, Index, compute_of
+from compiler.graph.te_util import Attrs, ComputeFn, Index, as_index, compute_of
 from compiler.ir import expr as E
 from compiler.te.math import clamp
 from compiler.te.tensor import Tensor
@@ -30,9 +30,7 @@ def _resample(
         o = i[axis]
         total: E.Expr | None = None
         for t in range(indices.shape[1]):
-            at: E.Expr = indices[(o, E.IntImm(t))]
-            if at.dtype != E.INDEX_DTYPE:
-                at = E.Cast(E.INDEX_DTYPE, at)
+            at = as_index(indices[(o, E.IntImm(t))])
             term = weights[(o, E.IntImm(t))] * x[(*i[:axis], clamp(at, size), *i[axis + 1 :])]
             total = term if total is None else total + term
         assert total is not None  # the type rule asks for at least one tap

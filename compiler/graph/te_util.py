@@ -35,6 +35,11 @@ def const(value: float, dtype: str) -> E.Expr:
     return E.IntImm(int(value), dtype)
 
 
+def as_index(e: E.Expr) -> E.Expr:
+    """An integer value read from a tensor (gather indices, tables), as a loop index."""
+    return e if e.dtype == E.INDEX_DTYPE else E.Cast(E.INDEX_DTYPE, e)
+
+
 def compute_of(out: TensorType, body: Callable[[Index], E.Expr], name: str) -> Tensor:
     """A tensor of type `out` whose element at index i is `body(i)`."""
     return te.compute(out.shape, lambda *i: body(tuple(i)), name=name)
