@@ -50,6 +50,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import atexit  # noqa: E402
+import contextlib  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
@@ -502,9 +503,9 @@ def main() -> None:
 
     pool = None
     if args.tune_per_task:
-        pool = kiln.Pool()
-        pool.__enter__()
-        atexit.register(pool.__exit__, None, None, None)
+        pools = contextlib.ExitStack()
+        atexit.register(pools.close)
+        pool = pools.enter_context(kiln.Pool())
         records_dir = tempfile.mkdtemp(prefix="kiln-zoo-records-")
         atexit.register(shutil.rmtree, records_dir, ignore_errors=True)
 
