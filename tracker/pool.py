@@ -369,6 +369,8 @@ class DevicePool:
         """Whether a waiter of this process could take `device` (others learn of it through
         store.watch): 16 clients releasing a free key's devices do not dispatch 500 waiters of
         a busy one."""
+        if not self._queue.may_want(device.key):
+            return False
         return any(waiter.request.matches(device) for waiter in self._queue)
 
     async def list_devices(self, key: str = "") -> list[DeviceStatus]:
@@ -469,7 +471,7 @@ class DevicePool:
     def _on_store_change(self, freed_key: str | None = None) -> None:
         if self._closed:
             return
-        if freed_key is not None and not any(w.request.key in ("", freed_key) for w in self._queue):
+        if freed_key is not None and not self._queue.may_want(freed_key):
             return  # a device no waiter here could take
         self._spawn(self._dispatch())
 

@@ -381,6 +381,34 @@ def test_many_waiters_on_a_busy_key_neither_block_another_key_nor_lose_their_ord
     assert {first.device.device_id, second.device.device_id} == {"a/0", "a/1"}
 
 
+def test_a_request_for_any_key_claims_what_earlier_requests_of_other_keys_left(
+    store: Store,
+) -> None:
+    # gpu's request claims a/0, so the any-key request behind it claims a/1: nothing is left
+    # for a newcomer on k. Skipping the gpu request as "another key" would hand it a/1.
+    store.register(registration("a", "gpu", "k"), T0)
+    enqueue(store, "g", key="gpu")
+    enqueue(store, "any")
+    assert grant(store, "K", key="k") is None
+    only_k = enqueue(store, "k-late", key="k")
+    assert grant(store, "K2", ticket=only_k, key="k") is None
+    store.dequeue("any")
+    lease = grant(store, "K3", ticket=only_k, key="k")
+    assert lease is not None and lease.device.device_id == "a/1"
+
+
+def test_waiters_of_other_keys_do_not_slow_or_change_a_grant(store: Store) -> None:
+    store.register(registration("a", "busy", "k", "k"), T0)
+    assert grant(store, "held", key="busy") is not None
+    for i in range(200):
+        enqueue(store, f"w{i}", key="busy")
+    ahead = enqueue(store, "k-first", key="k")
+    lease = grant(store, "K", key="k")  # k-first claims a/1
+    assert lease is not None and lease.device.device_id == "a/2"
+    first = grant(store, "K1", ticket=ahead, key="k")
+    assert first is not None and first.device.device_id == "a/1"
+
+
 def test_expired_queue_entries_stop_blocking_and_are_swept(store: Store) -> None:
     store.register(registration("a", "k"), T0)
     enqueue(store, "dead-tracker", key="k")
@@ -506,6 +534,19 @@ def test_devices_read_in_pages_by_id_with_each_lease_fence(store: Store) -> None
     fences = {r.spec.device_id: r.fence for r in store.devices()}
     assert fences.pop(lease.device.device_id) == lease.fence > 0
     assert set(fences.values()) == {0}
+
+
+@redis_only
+def test_listings_decode_each_stored_spec_once_and_see_a_changed_one(store: Store) -> None:
+    specs = [DeviceSpec("", "k", {"arch": "x86", "note": 'quote " and \\ slash'})] * 3
+    store.register(validation.registration("a", "h:1", specs), T0)
+    first, again = store.devices(), store.devices()
+    assert [r.spec for r in first] == [r.spec for r in again]
+    assert first[0].spec.tags == {"arch": "x86", "note": 'quote " and \\ slash'}
+    assert all(a.spec is b.spec for a, b in zip(first, again, strict=True))  # the spec cache
+    changed = [DeviceSpec("", "k", {"arch": "arm"})] * 3
+    store.register(validation.registration("a", "h:1", changed), T0)
+    assert [r.spec.tags for r in store.live_devices()] == [{"arch": "arm"}] * 3
 
 
 def test_live_devices_leave_out_the_lost_ones(store: Store) -> None:

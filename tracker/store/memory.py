@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from tracker.errors import InvalidArgument, LeaseLost
 from tracker.model import (
@@ -57,6 +57,46 @@ class _Queued:
     expires_at_unix: float
 
 
+class _Queue:
+    """Queued requests by request id, and the same entries by key: a grant on one key looks only
+    at the requests that could claim that key's devices, not at every waiter of the pool."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, _Queued] = {}
+        self._by_key: dict[str, dict[str, _Queued]] = collections.defaultdict(dict)
+
+    def get(self, request_id: str) -> _Queued | None:
+        return self._by_id.get(request_id)
+
+    def put(self, entry: _Queued) -> None:
+        self.pop(entry.ticket.request_id)
+        self._by_id[entry.ticket.request_id] = entry
+        self._by_key[entry.request.key][entry.ticket.request_id] = entry
+
+    def pop(self, request_id: str) -> None:
+        entry = self._by_id.pop(request_id, None)
+        if entry is None:
+            return
+        same_key = self._by_key[entry.request.key]
+        del same_key[request_id]
+        if not same_key:
+            del self._by_key[entry.request.key]
+
+    def entries(self) -> list[_Queued]:
+        return list(self._by_id.values())
+
+    def competing(self, key: str) -> Iterable[_Queued]:
+        """Every entry that may take a free device of `key` before a request of that key.
+
+        A request of another key never takes one. But a request for any key ("") takes the
+        first free device of any key that entries ahead of it left, so while one is queued
+        (or the request itself is for any key) every entry counts.
+        """
+        if not key or "" in self._by_key:
+            return self._by_id.values()
+        return self._by_key.get(key, {}).values()
+
+
 class MemoryStore(base.TrackerStore):
     """TrackerStore in process memory; no method awaits, so each is atomic on the event loop."""
 
@@ -66,7 +106,7 @@ class MemoryStore(base.TrackerStore):
         self._leases: dict[str, Lease] = {}
         self._ended: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._fences: dict[str, int] = {}
-        self._queue: dict[str, _Queued] = {}
+        self._queue = _Queue()
         self._seq = itertools.count(1)
         # Sorted ids of grantable devices (live agent, no lease): all, and per key, so a grant
         # with 1,000 devices registered looks at the first few instead of sorting them all.
@@ -160,7 +200,7 @@ class MemoryStore(base.TrackerStore):
             device.lease_id = lease_id
             self._mark_busy(device)
             if ticket is not None:
-                self._queue.pop(ticket.request_id, None)
+                self._queue.pop(ticket.request_id)
             return lease
         return None
 
@@ -219,9 +259,11 @@ class MemoryStore(base.TrackerStore):
             if lease.expires_at_unix <= now_unix:
                 self._end(lease_id, base.REASON_EXPIRED)
                 ended.append(lease_id)
-        dropped = [rid for rid, q in self._queue.items() if q.expires_at_unix <= now_unix]
+        dropped = [
+            q.ticket.request_id for q in self._queue.entries() if q.expires_at_unix <= now_unix
+        ]
         for request_id in dropped:
-            del self._queue[request_id]
+            self._queue.pop(request_id)
         return ExpiryReport(tuple(agents), tuple(lost), tuple(ended), tuple(pruned), tuple(dropped))
 
     async def devices(self, key: str = "", after: str = "", limit: int = 0) -> list[DeviceRecord]:
@@ -274,7 +316,7 @@ class MemoryStore(base.TrackerStore):
             entry.expires_at_unix = now_unix + ttl_s
             return entry.ticket
         ticket = QueueTicket(request.request_id, request.priority, next(self._seq))
-        self._queue[request.request_id] = _Queued(ticket, request, now_unix + ttl_s)
+        self._queue.put(_Queued(ticket, request, now_unix + ttl_s))
         return ticket
 
     async def keep_queued(
@@ -284,13 +326,13 @@ class MemoryStore(base.TrackerStore):
         ttl_s: float,
     ) -> None:
         for ticket, request in entries:
-            self._queue[ticket.request_id] = _Queued(ticket, request, now_unix + ttl_s)
+            self._queue.put(_Queued(ticket, request, now_unix + ttl_s))
 
     async def dequeue(self, request_id: str) -> None:
-        self._queue.pop(request_id, None)
+        self._queue.pop(request_id)
 
     async def queued(self, now_unix: float) -> list[tuple[QueueTicket, LeaseRequest]]:
-        live = [q for q in self._queue.values() if q.expires_at_unix > now_unix]
+        live = [q for q in self._queue.entries() if q.expires_at_unix > now_unix]
         live.sort(key=lambda q: q.ticket.order)
         return [(q.ticket, q.request) for q in live]
 
@@ -300,17 +342,18 @@ class MemoryStore(base.TrackerStore):
     def _ahead(
         self, request: LeaseRequest, ticket: QueueTicket | None, now_unix: float
     ) -> list[LeaseRequest]:
-        """Live queued requests served before this one, in service order."""
+        """Live queued requests served before this one that could take a device it could, in
+        service order."""
         if ticket is None:
             ahead = [
                 q
-                for q in self._queue.values()
+                for q in self._queue.competing(request.key)
                 if q.ticket.priority >= request.priority and q.expires_at_unix > now_unix
             ]
         else:
             ahead = [
                 q
-                for q in self._queue.values()
+                for q in self._queue.competing(request.key)
                 if q.ticket.order < ticket.order
                 and q.expires_at_unix > now_unix
                 and q.ticket.request_id != ticket.request_id

@@ -260,11 +260,13 @@ local claimed = {}
 if not first_free(req.key, req.tags, claimed) then return false end
 -- Only queued requests of this key or of any key could claim these devices: when there are none,
 -- the queue is not read (16 clients on a free key do not decode 500 waiters of a busy one).
-local contended = req.key == '' or redis.call('SCARD', P .. 'qk:' .. req.key) > 0
-  or redis.call('SCARD', P .. 'qk:') > 0
+local any_key_queued = redis.call('SCARD', P .. 'qk:') > 0
+local contended = req.key == '' or any_key_queued or redis.call('SCARD', P .. 'qk:' .. req.key) > 0
 if contended and redis.call('HLEN', P .. 'q') > 0 then
   -- Only entries ahead whose claims could take a device this request could take matter: one
-  -- with another key claims from a disjoint set, so it is skipped before sorting.
+  -- with another key claims from a disjoint set, so it is skipped before sorting. Unless a
+  -- request for any key is queued: it takes the first device that the entries ahead of it
+  -- left, of whatever key, so then every entry counts.
   local ahead = {}
   local flat = redis.call('HGETALL', P .. 'q')
   for i = 1, #flat, 2 do
@@ -278,7 +280,7 @@ if contended and redis.call('HLEN', P .. 'q') > 0 then
       end
       if before then
         e.r = cjson.decode(e.r)
-        if req.key == '' or e.r.key == '' or e.r.key == req.key then table.insert(ahead, e) end
+        if req.key == '' or any_key_queued or e.r.key == req.key then table.insert(ahead, e) end
       end
     end
   end
@@ -432,9 +434,10 @@ local function device_rows(ids, key, live_only)
           local l = redis.call('HMGET', P .. 'lease:' .. lease, 'user', 'fence')
           holder, fence = l[1] or '', l[2] or '0'
         end
-        -- The spec is JSON already: splice it in rather than decode and encode it again.
-        table.insert(out, '[' .. spec .. ',"' .. state .. '",' .. cjson.encode(a[2]) .. ','
-          .. cjson.encode(holder) .. ',' .. fence .. ']')
+        -- The spec goes out as the JSON text it is stored as, in a JSON string: the tracker
+        -- decodes each distinct text once (RedisStore's spec cache), not once per listing.
+        table.insert(out, '[' .. cjson.encode(spec) .. ',"' .. state .. '",' .. cjson.encode(a[2])
+          .. ',' .. cjson.encode(holder) .. ',' .. fence .. ']')
       end
     end
   end
