@@ -26,9 +26,13 @@ plus every answer that should not happen here (NO_DEVICE on the free key, a Rele
 did not know, a Renew answered DEVICE_LOST, a Heartbeat answered known=false, a waiter granted a
 busy device, a ListDevices short of devices). Percentiles come from log histograms (1% buckets).
 
+Each clients process also times two empty health Checks as one, --client-pause-ms apart: the
+floor a pair's latency sits on under the same load (gRPC, the processes waking, the tracker's
+event loop busy with everything else), without the pool's own work.
+
 Prints a table and ends with one line per store, redis last:
     soak: store=<s> rss_growth_pct=<x> errors=<n> list_p99_ms=<ms> acquire_p50_ms=<ms>
-          acquire_p99_ms=<ms> waiters=<n> [bad_calls_rss_growth_mb=<x>]
+          acquire_p99_ms=<ms> waiters=<n> floor_p50_ms=<ms> [bad_calls_rss_growth_mb=<x>]
 """
 
 from __future__ import annotations
@@ -283,6 +287,24 @@ async def _client(stub: Any, rec: Recorder, pause_s: float) -> None:
         await asyncio.sleep(pause_s)
 
 
+async def _floor(channel: Any, rec: Recorder, pause_s: float) -> None:
+    """Two empty health Checks, timed as one, --client-pause-ms apart, until cancelled: the floor
+    a pair sits on under the same load (gRPC, the processes waking, the tracker's event loop
+    busy with everything else), without the pool's own work."""
+    check = channel.unary_unary(HEALTH_CHECK)
+    while True:
+        start = time.perf_counter()
+        try:
+            await check(b"", timeout=RPC_TIMEOUT_S)
+            await check(b"", timeout=RPC_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            rec.rpc_error("floor Health/Check", error)
+            await asyncio.sleep(ERROR_BACKOFF_S)
+            continue
+        rec.latency("floor", (time.perf_counter() - start) * 1000.0)
+        await asyncio.sleep(pause_s)
+
+
 async def _child(args: argparse.Namespace) -> None:
     """Run one role: say ready, start on "go", record from "measure <s>", report on "stop"."""
     loop = asyncio.get_running_loop()
@@ -295,7 +317,7 @@ async def _child(args: argparse.Namespace) -> None:
 
     threading.Thread(target=read_commands, daemon=True).start()
     waiters = args.role == "waiters"
-    count = WAITER_CHANNELS + 1 if waiters else args.count
+    count = WAITER_CHANNELS + 1 if waiters else args.count + 1  # clients: + the floor's
     channels = [
         grpc.aio.insecure_channel(args.tracker, options=CHANNEL_OPTIONS) for _ in range(count)
     ]
@@ -316,7 +338,8 @@ async def _child(args: argparse.Namespace) -> None:
             tasks.append(asyncio.create_task(admin))
         else:
             tasks = [asyncio.create_task(_client(stub, rec, args.pause_ms / 1000.0))
-                     for stub in stubs]  # fmt: skip
+                     for stub in stubs[:-1]]  # fmt: skip
+            tasks.append(asyncio.create_task(_floor(channels[-1], rec, args.pause_ms / 1000.0)))
         while (command := await commands.get()) != "stop":
             if command.startswith("measure "):
                 rec.start(float(command.split()[1]))
@@ -696,6 +719,12 @@ def report(args: argparse.Namespace, results: Sequence[StoreResult]) -> None:
                   f"{grew * 1024 / r.bad.sent:.2f} KB/call); answers: {_counts(r.bad.answers)}")  # fmt: skip
         print(f"{r.store} tracker log: {len(r.log_lines)} warning/error lines"
               + "".join(f"\n    {line[:160]}" for line in r.log_lines[:3]))  # fmt: skip
+    for r in results:
+        floor = r.rec.whole("floor")
+        print(f"{r.store} floor: two empty health Checks, {args.client_pause_ms:g} ms apart "
+              f"under the same load, p50 {_ms(floor.percentile(0.5))} ms, p99 "
+              f"{_ms(floor.percentile(0.99))} ms ({floor.count} pairs); the pair's p50 is "
+              f"{r.rec.whole('pair').percentile(0.5) / floor.percentile(0.5):.1f}x it")  # fmt: skip
     print("targets: rss_growth_pct < 10, errors = 0, list_p99_ms < 50 with 500 waiters, "
           "acquire_p50_ms < 2, acquire_p99_ms < 20 (pair = Acquire+Release)")  # fmt: skip
     for r in results:
@@ -703,7 +732,8 @@ def report(args: argparse.Namespace, results: Sequence[StoreResult]) -> None:
         line = (f"soak: store={r.store} rss_growth_pct={r.rss_growth_pct:.2f} errors={r.errors} "
                 f"list_p99_ms={r.rec.whole('list').percentile(0.99):.3f} "
                 f"acquire_p50_ms={pair.percentile(0.5):.3f} "
-                f"acquire_p99_ms={pair.percentile(0.99):.3f} waiters={r.waiters}")  # fmt: skip
+                f"acquire_p99_ms={pair.percentile(0.99):.3f} waiters={r.waiters} "
+                f"floor_p50_ms={r.rec.whole('floor').percentile(0.5):.3f}")  # fmt: skip
         if r.bad is not None:
             line += (
                 f" bad_calls_rss_growth_mb={(r.bad.rss_after_kb - r.bad.rss_before_kb) / 1024:.2f}"
