@@ -185,11 +185,23 @@ def run(
     *,
     repeat: int = 5,
 ) -> ModelRun:
-    """Run a built network on one of `pool`'s devices: its outputs and native latency."""
+    """Run a built network on one of `pool`'s devices: its outputs and native latency.
+
+    Raises:
+        ValueError: the pool's devices run another thread count than the model was built for
+            (`ModelArtifact.threads`): it would not run as tuned, nor time as it will.
+    """
     from compiler.graph.build_model import ModelArtifact
     from tuner.network.run import run_model
 
     artifact = model if isinstance(model, ModelArtifact) else ModelArtifact.load(Path(model))
+    if pool.thread_counts and pool.thread_counts != (artifact.threads,):
+        runs = " or ".join(map(str, pool.thread_counts))
+        raise ValueError(
+            f"the model was built for {artifact.threads} thread(s), the pool's devices run "
+            f"{runs}: build it with threads={pool.thread_counts[0]}, or use a pool of "
+            f"{artifact.threads}-thread devices"
+        )
     feeds = {s.name: np.asarray(inputs[s.name]).astype(s.dtype) for s in artifact.inputs}
     with closing(pool.runner(EvaluatorConfig(repeat=repeat))) as runner:
         return run_model(artifact, feeds, runner)

@@ -11,7 +11,8 @@ tags decide the compile target (`tuner.measure.device_target`); `target=` overri
 target those devices cannot run is a TargetError naming both. Its `threads` tag (an agent
 pinned to a core set, `kiln-agent --cores`) decides the thread count the pool's builders build
 for (`threads`: the templates' `parallel` knob is searched only above 1) and the records'
-target (`records_target`, "x86_64-avx512/threads=4").
+target (`records_target`, "x86_64-avx512/threads=4"). A local pool's devices take such core
+sets with `core_sets` (`kiln tune --cores 0-3`), so a local run tunes for that many threads.
 """
 
 from __future__ import annotations
@@ -51,11 +52,15 @@ class Pool:
         tls: the CA (and client certificate) of a pool run with TLS.
         devices: how many devices to measure on at once (a local pool starts that many).
         pin_cores: a local pool's device cores (see LocalPool); the builds get the others.
+        core_sets: a local pool's devices on these core sets, one set per device, each device
+            running kernels on as many threads as its set has cores (`kiln-agent --cores`;
+            sets `devices`); the builds get the other cores, if any.
         target: the compile target; None lets the devices decide.
 
     Raises (on entering):
         NoDeviceError: no registered device matches the key and tags.
         TargetError: `target` cannot run on the matching devices.
+        ValueError: (on creating) core sets with a tracker, or as LocalPool's.
     """
 
     def __init__(
@@ -68,9 +73,14 @@ class Pool:
         devices: int = 1,
         pin_cores: tuple[int, ...] = (),
         target: str | None = None,
+        core_sets: tuple[tuple[int, ...], ...] = (),
     ) -> None:
         if tracker and not key:
             raise ValueError("a key is required with a tracker")
+        if tracker and core_sets:
+            raise ValueError("core sets are for a local pool; a tracker's agents have their own")
+        if core_sets:
+            devices = len(core_sets)
         if devices < 1:
             raise ValueError(f"devices must be >= 1, got {devices}")
         self.tracker = tracker
@@ -80,12 +90,15 @@ class Pool:
         self.tls = tls
         self.devices = devices
         self.pin_cores = pin_cores
+        self.core_sets = core_sets
         self.requested_target = target
         self.local: LocalPool | None = None
         self.config: PoolConfig | None = None
         self.device_tags: dict[str, str] = {}
         self.target = target or "host"
         self.threads = 1  # the matched device's `threads` tag, once open
+        # the thread counts of every live matching device, once open (a lease takes any of them)
+        self.thread_counts: tuple[int, ...] = ()
         self.records_target = self.target
         self._stack = ExitStack()
 
@@ -111,7 +124,7 @@ class Pool:
             )
         else:
             self.local = self._stack.enter_context(
-                LocalPool(devices=self.devices, pin_cores=self.pin_cores)
+                LocalPool(devices=self.devices, pin_cores=self.pin_cores, core_sets=self.core_sets)
             )
             self.key = self.local.key
             self.config = PoolConfig(
@@ -151,6 +164,7 @@ class Pool:
                 f"no registered device matches key={self.config.key!r} "
                 f"tags={self.config.tags!r} on tracker {self.config.tracker}"
             )
+        self.thread_counts = tuple(sorted({device_threads(d.spec.tags) for d in live}))
         first = live[0].spec
         return first.device_id, dict(first.tags)
 
@@ -196,7 +210,7 @@ class Pool:
                 timeout_s=timeout_s,
                 threads=self.threads,
             )
-        pinned = set(self.pin_cores)
+        pinned = {*self.pin_cores, *(c for cores in self.core_sets for c in cores)}
         cpus = tuple(sorted(os.sched_getaffinity(0) - pinned)) if pinned else ()
         workers = min(workers, len(cpus)) if cpus else workers
         return LocalBuilder(

@@ -66,7 +66,10 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class ModelArtifact:
-    """A compiled model: the shared object, its params in entry order, its I/O and workspace."""
+    """A compiled model: the shared object, its params in entry order, its I/O and workspace,
+    and the threads its kernels were built for (`threads`: their configs and parallel loops are
+    for that many; a model saved before the count was recorded reads as one thread, as records
+    without a count do)."""
 
     artifact: Artifact
     params: list[np.ndarray]
@@ -76,6 +79,7 @@ class ModelArtifact:
     tasks: tuple[TaskSpec, ...]
     summary: str
     entry: str = ENTRY
+    threads: int = 1
 
     def save(self, path: str | Path) -> Path:
         """Write `model.so`, `params.npz` and `model.json` into directory `path`."""
@@ -88,6 +92,7 @@ class ModelArtifact:
             "target": self.artifact.target,
             "sha256": self.artifact.sha256,
             "workspace_bytes": self.workspace_bytes,
+            "threads": self.threads,
             "inputs": [_spec_json(s) for s in self.inputs],
             "outputs": [_spec_json(s) for s in self.outputs],
             "kernels": [
@@ -154,6 +159,7 @@ class ModelArtifact:
             tasks,
             meta["summary"],
             meta["entry"],
+            int(meta.get("threads", 1)),
         )
 
 
@@ -444,6 +450,7 @@ def build_model(
         plan.memory.total,
         tuple(plan.tasks),
         _summary(plan),
+        threads=threads,
     )
 
 

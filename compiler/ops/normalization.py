@@ -5,6 +5,11 @@ the quotient; layer norm the mean, the variance (two passes, as numerically stab
 1/sqrt(var + eps), then (x - mean) * rstd * gamma + beta. The schedule computes every per-row
 stage at (compute_at) the output's row loop, so a row's intermediates live in a small local
 buffer while the row is hot in L1, and splits the output's columns into vector chunks.
+
+On more than one thread the `parallel` knob (see `base.threaded_space`) runs the output's row
+loop on OpenMP's threads ("outer"). Every per-row stage is computed at that loop, so each thread
+keeps its rows' intermediates in buffers of its own and no row is split between threads; the
+columns are not fused into it, since the row statistics are computed once per row iteration.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate
+from compiler.ops.base import NO_PARALLEL, OpTemplate, parallel_of
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import check_workload
 from compiler.schedule.schedule import Schedule, create_schedule
@@ -43,12 +48,15 @@ def _producers(out: Tensor) -> list[Tensor]:
 
 
 def _row_schedule(out: Tensor, config: Config, inline: tuple[Tensor, ...] = ()) -> Schedule:
-    """Per-row stages at the output's row loop; the output's columns split into vectors."""
+    """Per-row stages at the output's row loop; the output's columns split into vectors; the
+    rows on OpenMP's threads when the `parallel` knob says so."""
     sch = create_schedule(out)
     st = sch[out]
     r, c = st.axis
     _, ci = st.split(c, int(config["vector"]))
     st.vectorize(ci)
+    if parallel_of(config) != NO_PARALLEL:
+        st.parallel(r)
     for t in _producers(out):
         if t in inline:
             sch[t].compute_inline()
@@ -57,11 +65,21 @@ def _row_schedule(out: Tensor, config: Config, inline: tuple[Tensor, ...] = ()) 
     return sch
 
 
-class SoftmaxTemplate(OpTemplate):
+class _RowTemplate(OpTemplate):
+    """What softmax and layer norm share: the workload and the `parallel` knob."""
+
+    fields = FIELDS
+
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The `parallel` choices: "outer" runs the rows on the threads."""
+        check_workload(self.name, shape, FIELDS)
+        return (NO_PARALLEL, "outer")
+
+
+class SoftmaxTemplate(_RowTemplate):
     """out[r, c] = exp(x[r, c] - max_c x[r]) / sum_c exp(x[r, c] - max_c x[r])."""
 
     name = "softmax"
-    fields = FIELDS
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         _, cols = check_workload(self.name, shape, FIELDS)
@@ -102,11 +120,10 @@ class SoftmaxTemplate(OpTemplate):
         return _row_schedule(out, config, inline=exps if config["recompute_exp"] else ())
 
 
-class LayerNormTemplate(OpTemplate):
+class LayerNormTemplate(_RowTemplate):
     """out[r, c] = (x[r, c] - mean[r]) / sqrt(var[r] + 1e-5) * gamma[c] + beta[c]."""
 
     name = "layer_norm"
-    fields = FIELDS
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         _, cols = check_workload(self.name, shape, FIELDS)

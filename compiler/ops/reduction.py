@@ -4,6 +4,11 @@ Workload (rows, cols, axis): axis 1 sums each row (out[rows]), axis 0 each colum
 Summing columns keeps the columns as vector lanes inside the row loop (one vector accumulator per
 chunk); summing rows unrolls the inner part of a split reduction so the sum is a short dependency
 chain per row rather than one long one.
+
+On more than one thread the `parallel` knob (see `base.threaded_space`) runs the loop over output
+tiles (row tiles of a row sum, column tiles of a column sum) on OpenMP's threads ("outer"): each
+thread sums whole rows or whole columns, so no two add into one output. The output has one axis,
+so there is no second data loop to fuse with it.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler import te
-from compiler.ops.base import OpTemplate
+from compiler.ops.base import NO_PARALLEL, OpTemplate, parallel_of
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import check_workload, tile_choices
 from compiler.schedule.schedule import Schedule, create_schedule
@@ -41,6 +46,11 @@ class ReduceSumTemplate(OpTemplate):
         return ConfigSpace(
             [Knob("row_tile", tile_choices(rows, 16)), Knob("unroll_r", (1, 2, 4, 8))]
         )
+
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The `parallel` choices: "outer" runs the output tiles' loop on the threads."""
+        self._check(shape)
+        return (NO_PARALLEL, "outer")
 
     def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
         rows, cols, _ = self._check(shape)
@@ -88,4 +98,6 @@ class ReduceSumTemplate(OpTemplate):
             st.reorder(jo, ro, ri, ji)
             st.unroll(ri)
             st.unroll(ji)
+        if parallel_of(config) != NO_PARALLEL:
+            st.parallel(jo)
         return sch

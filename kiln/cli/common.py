@@ -133,7 +133,21 @@ def add_pool_args(p: argparse.ArgumentParser, local_devices: bool = True) -> Non
             default=1,
             help="measure on up to N leased devices at once (a local pool starts N devices)",
         )
+    add_cores_arg(g)
     add_security_args(p)
+
+
+def add_cores_arg(p: argparse._ActionsContainer) -> None:
+    """--cores SET (repeatable): a local pool's devices on core sets, as `kiln-agent --cores`."""
+    p.add_argument(
+        "--cores",
+        action="append",
+        default=[],
+        metavar="SET",
+        help="without --tracker: a local device on this core set (e.g. 0-1 or 0,2) that runs "
+        "kernels on one thread per core, so what is tuned or run there is for that many "
+        "threads (repeatable, one set per device; --devices follows)",
+    )
 
 
 def add_target_arg(p: argparse.ArgumentParser) -> None:
@@ -346,7 +360,8 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
 
     With `pin` (pipelined tuning on a local pool) and more cores than devices, each local
     device gets a core of its own (the last ones) and `builder` the others, so builds running
-    beside a measurement do not disturb it.
+    beside a measurement do not disturb it. With --cores, the local devices take those sets
+    instead (`local_core_sets`) and the builds the other cores, if any.
     """
     from kiln.pool import Pool
 
@@ -354,8 +369,11 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
     if args.tracker and not args.key:
         raise CliError.usage("--key is required with --tracker")
     devices = getattr(args, "devices", 1)
+    core_sets = local_core_sets(args)
+    if core_sets:
+        devices = len(core_sets)
     pins: tuple[int, ...] = ()
-    if not args.tracker and pin:
+    if not args.tracker and pin and not core_sets:
         allowed = sorted(os.sched_getaffinity(0))
         if len(allowed) > devices:
             pins = tuple(allowed[-devices:])
@@ -368,10 +386,37 @@ def open_pool(args: argparse.Namespace, stack: ExitStack, pin: bool = False) -> 
         devices=devices,
         pin_cores=pins,
         target=getattr(args, "target", None),
+        core_sets=core_sets,
     )
     stack.enter_context(pool)
     print(f"pool: {pool.describe()}", file=sys.stderr)
     return pool
+
+
+def local_core_sets(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
+    """The --cores sets (checked: well formed, usable here, disjoint; one per device), or ().
+
+    A usage error: --cores with --tracker (a tracker's agents pin themselves), a bad set, or
+    --devices other than the number of sets.
+    """
+    texts = getattr(args, "cores", None) or []
+    if not texts:
+        return ()
+    if args.tracker:
+        raise CliError.usage(
+            "--cores pins a local pool's devices; a tracker's agents take it themselves "
+            "(kiln-agent --cores)"
+        )
+    from device_agent.__main__ import parse_core_sets
+
+    try:
+        sets = parse_core_sets(texts)
+    except ValueError as exc:
+        raise CliError.usage(str(exc)) from None
+    devices = getattr(args, "devices", 1)
+    if devices != 1 and devices != len(sets):
+        raise CliError.usage(f"--devices {devices} but {len(sets)} --cores sets: one per device")
+    return sets
 
 
 def builder(args: argparse.Namespace, pool: Pool) -> Builder:

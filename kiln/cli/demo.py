@@ -10,6 +10,10 @@
 4. With the pool stopped, time the untuned build, the tuned build and onnxruntime (one intra-op
    thread) in this process on one core, interleaved in rounds (`versus_onnxruntime`, the path
    `benchmarks/models.py` times with), and print the table.
+
+With `--cores SET` the local device runs on that core set: tuning and both builds are for as many
+threads as the set has cores, and the agent's figure is on them (the in-process rows stay on one
+core).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--devices", type=int, default=1, help="devices of the local pool to measure on at once"
     )
+    common.add_cores_arg(p)
     common.add_security_args(p)
     common.add_tuning_args(p)
     p.set_defaults(func=cmd_demo, trials=None, confirm=DEMO_CONFIRM, tracker="", key="", tag=[])
@@ -148,9 +153,9 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
         store = common.open_records(args.records)
         assert store is not None
         stack.callback(store.close)
-        configs = configs_from_records(graph, store, target)
-        untuned = build_model(graph, None, target)
-        tuned = build_model(graph, configs, target)
+        configs = configs_from_records(graph, store, target, pool.threads)
+        untuned = build_model(graph, None, target, pool.threads)
+        tuned = build_model(graph, configs, target, pool.threads)
         try:
             on_device = run_model(tuned, feeds, stack.enter_context(closing(pool.runner())))
         except (ModelRunError, NoDeviceError) as exc:
@@ -213,6 +218,7 @@ def cmd_sgemm_demo(args: argparse.Namespace) -> int:
     from kiln.cli.tune_op import tune_with_progress
     from tuner import peer
     from tuner.measure.builder import build_one
+    from tuner.records import split_threads
 
     m, n, k = args.shape
     try:
@@ -231,10 +237,11 @@ def cmd_sgemm_demo(args: argparse.Namespace) -> int:
     best = progress.best
     assert best is not None
     print(tune_report(progress))
-    target = _sgemm_build_target(args, best.target, best.result.emulated)
+    target = _sgemm_build_target(args, split_threads(best.target)[0], best.result.emulated)
     versus: peer.Interleaved | None = None
     if not get_target(target).is_cross:
-        built = build_one(task.workload, best.config_index, target)
+        # the config's index is of the space for the record's threads; numpy runs one thread
+        built = build_one(task.workload, best.config_index, target, best.threads)
         if built.artifact is None:
             raise CliError(f"the best config {best.config_index} does not build: {built.error}")
         print(
@@ -242,7 +249,7 @@ def cmd_sgemm_demo(args: argparse.Namespace) -> int:
             f"({SGEMM_ROUNDS} rounds)",
             file=sys.stderr,
         )
-        knobs = dict(task.space.get(best.config_index))
+        knobs = dict(best.knobs)
         try:
             versus = peer.interleaved_matmul_seconds(
                 built.artifact,

@@ -8,12 +8,21 @@ per-task table and the estimated network latency (sum of weight x best latency).
 config of each task, and the builder's default config for tasks without records.
 `kiln run` runs a built model on a device of its target (the packed `kiln_model` entry, params
 embedded), checks its outputs against onnxruntime with `--check`, and prints the native latency.
+
+Threads: `kiln build --threads N` records N in model.json (`ModelArtifact.threads`), and
+`kiln run` runs the model on N threads, as it was tuned and built. A local pool's device is
+started on N cores (the first N this process may use, or `--cores SET` of N cores); on a
+tracker, only devices tagged threads=N are leased (a `--tag threads=...` of the user's stands).
+A device with another thread count would run the kernels correctly but not as they were tuned,
+and its latency would not be the build's, so that is an error naming both counts, never a
+silent run; so is a machine with fewer than N cores for a local run.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from contextlib import ExitStack, closing
 from pathlib import Path
@@ -281,6 +290,58 @@ def in_process_seconds(model: ModelArtifact, feeds: dict[str, np.ndarray], round
     return statistics.median(times["model"])
 
 
+def select_threads(args: argparse.Namespace, threads: int) -> bool:
+    """Set the pool flags so that `kiln run` gets a device of `threads` threads (module doc):
+    a local device on `threads` cores, or the tag threads=N on a tracker; whether that tag was
+    added.
+
+    Raises:
+        CliError: --cores sets of another size, or fewer usable cores than `threads` here.
+    """
+    built = f"{args.model} was built for {threads} thread(s) (kiln build --threads {threads})"
+    if args.tracker:
+        if threads > 1 and not any(t.partition("=")[0] == "threads" for t in args.tag):
+            args.tag = [*args.tag, f"threads={threads}"]
+            return True
+        return False
+    sets = common.local_core_sets(args)
+    other = sorted({len(cores) for cores in sets} - {threads})
+    if other:
+        raise CliError.usage(
+            f"{built}, but --cores gives a device {other[0]} core(s): give a set of {threads} "
+            f"or rebuild with --threads {other[0]}"
+        )
+    if sets or threads == 1:
+        return False  # a device without a core set runs one thread
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < threads:
+        raise CliError(
+            f"{built}, but this process may use only {len(usable)} core(s) ({usable}): "
+            f"rebuild with --threads {len(usable)}, or run it on a pool (--tracker) with "
+            f"devices of {threads} threads"
+        )
+    args.cores = [",".join(map(str, usable[:threads]))]
+    return False
+
+
+def check_threads(args: argparse.Namespace, pool: Pool, threads: int) -> None:
+    """Refuse a pool whose matching devices run another thread count than the model's."""
+    if pool.thread_counts == (threads,):
+        return
+    runs = " or ".join(map(str, pool.thread_counts))
+    fix = (
+        f"--tag threads={threads} (kiln-agent --cores with a set of {threads} cores)"
+        if threads > 1 or len(pool.thread_counts) > 1
+        else "devices of one thread (kiln-agent without --cores)"
+    )
+    raise CliError(
+        f"{args.model} was built for {threads} thread(s) (kiln build --threads {threads}), "
+        f"but the matching devices of key {pool.key!r} run {runs} thread(s): its kernels would "
+        f"not run as tuned and the latency would not be the build's; lease {fix}, or rebuild "
+        f"with --threads {pool.thread_counts[0]}"
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from compiler.graph.build_model import ModelArtifact
     from tuner.measure.pool_runner import NoDeviceError
@@ -301,6 +362,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     # as the model takes them (onnxruntime wants the model's dtypes too)
     feeds = {s.name: np.asarray(feeds[s.name]).astype(s.dtype) for s in model.inputs}
+    tagged = select_threads(args, model.threads)
     if args.in_process:
         import platform
 
@@ -314,7 +376,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CliError.usage(f"--in-process: {exc}") from None
     with ExitStack() as stack:
         args.target = model.artifact.target
-        pool = common.open_pool(args, stack)
+        try:
+            pool = common.open_pool(args, stack)
+        except NoDeviceError as exc:
+            if not tagged:
+                raise
+            raise CliError(
+                f"{exc} ({args.model} was built for {model.threads} thread(s): a tracker's "
+                f"device runs that many with kiln-agent --cores and a set of {model.threads} "
+                "cores; or rebuild with --threads N for the devices there are)"
+            ) from None
+        check_threads(args, pool, model.threads)
         runner = stack.enter_context(closing(pool.runner(timing)))
         try:
             result = run_model(model, feeds, runner)
@@ -333,8 +405,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"timing on {result.device_id} failed: {lat.status.value}: {lat.error}")
     noisy = f" (noisy: more than {NOISY_SPREAD:.0%})" if lat.spread > NOISY_SPREAD else ""
     print(
-        f"latency: {_ms(lat.median_s)} ms median of {len(lat.samples_s)} on {result.device_id}, "
-        f"spread {lat.spread:.1%} (interquartile range / median){noisy}"
+        f"latency: {_ms(lat.median_s)} ms median of {len(lat.samples_s)} on {result.device_id} "
+        f"({model.threads} thread(s), as built), spread {lat.spread:.1%} (interquartile range / "
+        f"median){noisy}"
     )
     if args.in_process:
         here = in_process_seconds(model, feeds, len(lat.samples_s))

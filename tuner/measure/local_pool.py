@@ -34,6 +34,18 @@ class PoolStartError(RuntimeError):
     """A daemon of the local pool did not come up; the message carries its output."""
 
 
+def _check_core_sets(sets: Sequence[tuple[int, ...]]) -> None:
+    """Each set non-empty, no core in two sets (as `kiln-agent --cores` wants them)."""
+    seen: set[int] = set()
+    for cores in sets:
+        if not cores:
+            raise ValueError("a core set is empty")
+        shared = seen & set(cores)
+        if shared:
+            raise ValueError(f"core(s) {sorted(shared)} are in two core sets")
+        seen |= set(cores)
+
+
 class LocalPool:
     """Starts one tracker and `agents` agents with `devices_per_agent` devices each under `key`.
 
@@ -46,10 +58,15 @@ class LocalPool:
         pin_cores: cores for the devices in order (device j of agent i is device
             i * devices_per_agent + j), reused round-robin; empty: no pinning. On a small
             machine, pin the agent to one core and give the builder the others.
+        core_sets: instead of `pin_cores`, one set of cores per device, in the same order
+            (`kiln-agent --cores`): the device runs its kernels on that many OpenMP threads,
+            one on each core, and is tagged `threads=<cores in the set>`, so what is tuned on
+            it is tuned (and recorded) for that many threads. Its length sets `devices`.
 
     Raises:
-        ValueError: a count below 1, `devices` not a multiple of `agents`, or a core this
-            process may not use.
+        ValueError: a count below 1, `devices` not a multiple of `agents`, a core this process
+            may not use, core sets that overlap or do not give one set per device, or both
+            `pin_cores` and `core_sets`.
     """
 
     def __init__(
@@ -62,7 +79,16 @@ class LocalPool:
         extra_agent_args: Sequence[str] = (),
         devices: int | None = None,
         pin_cores: Sequence[int] = (),
+        core_sets: Sequence[Sequence[int]] = (),
     ) -> None:
+        sets = tuple(tuple(sorted(c)) for c in core_sets)
+        if sets:
+            if pin_cores:
+                raise ValueError("pin_cores and core_sets both pin devices: give one")
+            if devices is not None and devices != len(sets):
+                raise ValueError(f"{devices} devices but {len(sets)} core sets: one per device")
+            devices = len(sets)
+            _check_core_sets(sets)
         if devices is not None:
             if devices < 1 or agents < 1 or devices % agents:
                 raise ValueError(f"{devices} devices do not split evenly over {agents} agent(s)")
@@ -72,10 +98,11 @@ class LocalPool:
                 f"agents and devices_per_agent must be >= 1, got {agents}, {devices_per_agent}"
             )
         allowed = os.sched_getaffinity(0)
-        bad = sorted(set(pin_cores) - allowed)
+        bad = sorted({*pin_cores, *(c for cores in sets for c in cores)} - allowed)
         if bad:
             raise ValueError(f"cannot pin to core(s) {bad}: this process may use {sorted(allowed)}")
         self.pin_cores = tuple(pin_cores)
+        self.core_sets = sets
         self.key = key
         self.backend = backend
         self.n_agents = agents
@@ -137,6 +164,10 @@ class LocalPool:
                 for j in range(self.devices_per_agent)
             ]
             pins = ["--pin-cores", ",".join(map(str, cores))]
+        elif self.core_sets:
+            first = i * self.devices_per_agent
+            for core_set in self.core_sets[first : first + self.devices_per_agent]:
+                pins += ["--cores", ",".join(map(str, core_set))]
         address = self._spawn(
             f"agent{i}",
             [
