@@ -293,6 +293,7 @@ class Agent:
             device_id=request.device_id,
             emulated=self.backend.emulated,
             missing_sha256=missing,
+            accel=result.accel,
         )
 
     def admit_run(self, request: RunRequest) -> Admission:

@@ -117,6 +117,25 @@ class Telemetry:
 
 
 @dataclass(frozen=True)
+class ModuleCycles:
+    """One module of a simulated accelerator over a run (`kiln.v1.ModuleCycles`)."""
+
+    module: str  # "load", "compute", "store"
+    busy_cycles: int
+    token_stall_cycles: int
+    dram_wait_cycles: int
+
+
+@dataclass(frozen=True)
+class AccelCycles:
+    """Where a simulated accelerator's run spent its cycles (`kiln.v1.AccelCycles`)."""
+
+    total_cycles: int
+    gemm_cycles: int
+    modules: tuple[ModuleCycles, ...] = ()
+
+
+@dataclass(frozen=True)
 class MeasureResult:
     status: Status
     samples_s: tuple[float, ...] = ()
@@ -127,6 +146,7 @@ class MeasureResult:
     device_id: str = ""
     emulated: bool = False
     missing_sha256: tuple[str, ...] = ()  # named artifacts this agent does not hold
+    accel: AccelCycles | None = None  # a simulated accelerator's cycles (vta_sim)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Sequence
@@ -10,7 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from device_agent.domain import EntryPoint, EvaluatorConfig, Status, entry_from_dict, entry_to_dict
+from device_agent.domain import (
+    AccelCycles,
+    EntryPoint,
+    EvaluatorConfig,
+    ModuleCycles,
+    Status,
+    entry_from_dict,
+    entry_to_dict,
+)
 from device_agent.framing import Frame
 
 MEASURE = "measure"
@@ -64,6 +73,7 @@ class JobResult:
     error: str = ""
     signal: int = 0
     outputs: tuple[np.ndarray, ...] = ()
+    accel: AccelCycles | None = None  # a simulated accelerator's cycles (vta_sim's MEASURE)
 
 
 def job_to_frame(job: Job) -> Frame:
@@ -118,6 +128,7 @@ def result_to_frame(result: JobResult) -> Frame:
         "error": result.error,
         "signal": result.signal,
         "outputs": _arrays_to_header(result.outputs, blobs),
+        "accel": None if result.accel is None else dataclasses.asdict(result.accel),
     }
     return header, blobs
 
@@ -132,7 +143,15 @@ def result_from_frame(frame: Frame) -> JobResult:
         error=str(header["error"]),
         signal=int(header["signal"]),
         outputs=_arrays_from_header(header["outputs"], blobs),
+        accel=_accel_from_header(header["accel"]),
     )
+
+
+def _accel_from_header(obj: dict[str, Any] | None) -> AccelCycles | None:
+    if obj is None:
+        return None
+    modules = tuple(ModuleCycles(**m) for m in obj["modules"])
+    return AccelCycles(int(obj["total_cycles"]), int(obj["gemm_cycles"]), modules)
 
 
 def _arrays_to_header(arrays: Sequence[np.ndarray], blobs: list[bytes]) -> list[dict[str, Any]]:

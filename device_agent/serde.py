@@ -12,6 +12,7 @@ import numpy as np
 
 from device_agent.arrays import plain_dtype
 from device_agent.domain import (
+    AccelCycles,
     AgentInfo,
     ArgRole,
     ArtifactMeta,
@@ -128,6 +129,24 @@ def measure_result_to_pb(result: MeasureResult) -> common_pb2.MeasureResult:
         device_id=result.device_id,
         emulated=result.emulated,
         missing_sha256=list(result.missing_sha256),
+        accel=None if result.accel is None else accel_to_pb(result.accel),
+    )
+
+
+def accel_to_pb(accel: AccelCycles) -> common_pb2.AccelCycles:
+    """The wire form of a simulated accelerator's cycles."""
+    return common_pb2.AccelCycles(
+        total_cycles=accel.total_cycles,
+        gemm_cycles=accel.gemm_cycles,
+        modules=[
+            common_pb2.ModuleCycles(
+                module=m.module,
+                busy_cycles=m.busy_cycles,
+                token_stall_cycles=m.token_stall_cycles,
+                dram_wait_cycles=m.dram_wait_cycles,
+            )
+            for m in accel.modules
+        ],
     )
 
 

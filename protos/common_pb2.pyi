@@ -160,7 +160,7 @@ class Telemetry(_message.Message):
     def __init__(self, load_1m: _Optional[float] = ..., cpu_mhz: _Optional[float] = ..., temperature_c: _Optional[float] = ...) -> None: ...
 
 class MeasureResult(_message.Message):
-    __slots__ = ("status", "samples_s", "error", "signal", "number_used", "telemetry", "device_id", "emulated", "missing_sha256")
+    __slots__ = ("status", "samples_s", "error", "signal", "number_used", "telemetry", "device_id", "emulated", "missing_sha256", "accel")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class MeasureResult(_message.Message):
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     EMULATED_FIELD_NUMBER: _ClassVar[int]
     MISSING_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ACCEL_FIELD_NUMBER: _ClassVar[int]
     status: Status
     samples_s: _containers.RepeatedScalarFieldContainer[float]
     error: str
@@ -179,7 +180,30 @@ class MeasureResult(_message.Message):
     device_id: str
     emulated: bool
     missing_sha256: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, status: _Optional[_Union[Status, str]] = ..., samples_s: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ..., signal: _Optional[int] = ..., number_used: _Optional[int] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., device_id: _Optional[str] = ..., emulated: _Optional[bool] = ..., missing_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
+    accel: AccelCycles
+    def __init__(self, status: _Optional[_Union[Status, str]] = ..., samples_s: _Optional[_Iterable[float]] = ..., error: _Optional[str] = ..., signal: _Optional[int] = ..., number_used: _Optional[int] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., device_id: _Optional[str] = ..., emulated: _Optional[bool] = ..., missing_sha256: _Optional[_Iterable[str]] = ..., accel: _Optional[_Union[AccelCycles, _Mapping]] = ...) -> None: ...
+
+class ModuleCycles(_message.Message):
+    __slots__ = ("module", "busy_cycles", "token_stall_cycles", "dram_wait_cycles")
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    BUSY_CYCLES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_STALL_CYCLES_FIELD_NUMBER: _ClassVar[int]
+    DRAM_WAIT_CYCLES_FIELD_NUMBER: _ClassVar[int]
+    module: str
+    busy_cycles: int
+    token_stall_cycles: int
+    dram_wait_cycles: int
+    def __init__(self, module: _Optional[str] = ..., busy_cycles: _Optional[int] = ..., token_stall_cycles: _Optional[int] = ..., dram_wait_cycles: _Optional[int] = ...) -> None: ...
+
+class AccelCycles(_message.Message):
+    __slots__ = ("total_cycles", "gemm_cycles", "modules")
+    TOTAL_CYCLES_FIELD_NUMBER: _ClassVar[int]
+    GEMM_CYCLES_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    total_cycles: int
+    gemm_cycles: int
+    modules: _containers.RepeatedCompositeFieldContainer[ModuleCycles]
+    def __init__(self, total_cycles: _Optional[int] = ..., gemm_cycles: _Optional[int] = ..., modules: _Optional[_Iterable[_Union[ModuleCycles, _Mapping]]] = ...) -> None: ...
 
 class NDArray(_message.Message):
     __slots__ = ("shape", "dtype", "data")

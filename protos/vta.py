@@ -62,6 +62,9 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+# The compiler target of programs for this accelerator: an ACCEL_PROGRAM artifact's `target`,
+# and what a device tagged arch=vta (the vta_sim backend) runs.
+VTA_TARGET = "vta"
 INSN_BYTES = 16
 UOP_BYTES = 4
 ACC_ELEM_BYTES = 4  # int32 accumulators

@@ -35,6 +35,7 @@ from compiler.toolchain import BuildError, get_target
 from tuner import records as rec
 from tuner.measure.build_stream import BuildStream, FuturesEngine
 from tuner.measure.builder import Builder, BuildResult, StreamingBuilder
+from tuner.measure.device_target import VTA_TARGET, vta_records_name
 from tuner.measure.result import MeasureResult, Status
 from tuner.measure.runner import Runner
 from tuner.options import TuneOptions
@@ -128,7 +129,10 @@ class TuningError(RuntimeError):
 
 
 def target_name(target: str) -> str:
-    """The name records carry for a builder's target: "host" resolves to this machine's class."""
+    """The name records carry for a builder's target: "host" resolves to this machine's class;
+    "vta" names the accelerator spec the templates build for (`vta_records_name`)."""
+    if target == VTA_TARGET:
+        return vta_records_name()
     try:
         return get_target(target).name
     except BuildError:

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCOPES = frozenset({"global", "local", "shared"})
+# "vta.*": the VTA-like accelerator's on-chip buffers (input, weight, accumulator), which only
+# its instruction-stream generator (compiler/codegen/vta_lower.py) places.
+VTA_SCOPES = frozenset({"vta.inp", "vta.wgt", "vta.acc"})
+SCOPES = frozenset({"global", "local", "shared"}) | VTA_SCOPES
 
 
 @dataclass(frozen=True, eq=False)

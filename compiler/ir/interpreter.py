@@ -175,7 +175,8 @@ class _Interpreter:
                 raise ValueError(f"buffer {s.buffer.name} is allocated twice")
             dtype = np.dtype(s.buffer.dtype)
             fill = np.nan if dtype.kind == "f" else _POISON_INT
-            self.flat[s.buffer] = np.full(s.buffer.size, fill, dtype)
+            # astype wraps the poison into narrow integer types (int8 buffers exist too).
+            self.flat[s.buffer] = np.full(s.buffer.size, fill).astype(dtype)
             try:
                 self.exec(s.body)
             finally:

@@ -5,6 +5,8 @@ flatten -> simplify -> loop partition -> vectorize -> double buffering -> unroll
 promotion -> simplify -> intrinsics -> make-API. `lower` runs them all; `PASSES` lists them so
 tests can run a prefix. Register promotion (promote.py) comes right after unroll rather than
 before it as in TVM: it decides on the replicated code, whose offsets are constant (see there).
+Virtual threads (vthread.py) are lowered on the accelerator's path only
+(`compiler.codegen.vta_lower.lower_vta`: nest, flatten, vthreads): CPU and GPU code is as before.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Templates: `dense` (packed weights), `conv2d_nchwc` (KxK), `conv2d_1x1_nchwc`,
 `depthwise_conv2d_nchwc`, `max_pool2d_nchwc`,
 `avg_pool2d_nchwc`, `global_avg_pool2d_nchwc`, `softmax`, `layer_norm`, elementwise `add`,
 `multiply`, `relu`, `add_relu`, `reduce_sum`, the skeleton's `matmul` (plain [K][N] B), and
-`vta_dense` (int8, for the VTA-like accelerator: target "vta" builds instruction streams).
+`vta_dense` and `vta_conv2d` (int8, for the VTA-like accelerator: target "vta" builds
+instruction streams; vta_conv2d's are lowered from its TE schedule).
 `layout` holds the NCHW <-> NCHW[x]c and weight packings they take.
 """
 
@@ -23,6 +24,7 @@ from compiler.ops.normalization import LayerNormTemplate, SoftmaxTemplate
 from compiler.ops.pool import GlobalAvgPoolTemplate, Pool2dTemplate
 from compiler.ops.reduction import ReduceSumTemplate
 from compiler.ops.space import Config, ConfigSpace, Knob
+from compiler.ops.vta_conv2d import VtaConv2dTemplate
 from compiler.ops.vta_dense import VtaDenseTemplate
 from compiler.ops.winograd import Conv2dWinogradTemplate
 
@@ -43,6 +45,7 @@ _LIBRARY: tuple[Template, ...] = (
     LayerNormTemplate(),
     *(ElementwiseTemplate(op) for op in ELEMENTWISE_OPS),
     VtaDenseTemplate(),
+    VtaConv2dTemplate(),
 )
 _TEMPLATES: dict[str, Template] = {t.name: t for t in _LIBRARY}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,13 +30,12 @@ from compiler.ops.reference import naive_schedule
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.schedule.schedule import Schedule
 from compiler.te.tensor import Tensor
-from protos.vta import VtaSpec
+from protos.vta import VTA_TARGET, VtaSpec
 from protos.vta_program import Program, encode_programs
 
 # The requantisation: ReLU, then keep bits [SHIFT, SHIFT + 7) of the int32 sum, saturating.
 SHIFT = 4
 _SHIFT_EXPR = E.IntImm(SHIFT, "int32")
-VTA_TARGET = "vta"
 ACCEL_FORMAT = "accel_program"
 _TILE_M = (16, 32, 49, 64, 98, 128, 196, 256)
 _TILE_N = (1, 2, 4, 8, 16)
@@ -63,14 +62,7 @@ class VtaDenseTemplate(OpTemplate):
             lambda i, j: te.sum(te.cast("int32", x[i, r]) * te.cast("int32", w[j, r]), axis=r),
             name="acc",
         )
-        y = te.compute(
-            (m, n),
-            lambda i, j: te.cast(
-                "int8",
-                te.minimum(te.shift_right(te.maximum(acc[i, j] + bias[j], 0), _SHIFT_EXPR), 127),
-            ),
-            name="y",
-        )
+        y = te.compute((m, n), lambda i, j: requant(acc[i, j], bias[j]), name="y")
         return [x, w, bias, y]
 
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
@@ -99,8 +91,7 @@ class VtaDenseTemplate(OpTemplate):
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         x, w, bias = inputs
-        acc = (x.astype(np.int64) @ w.astype(np.int64).T + bias.astype(np.int64)).astype(np.int32)
-        return np.minimum(np.maximum(acc, 0) >> SHIFT, 127).astype(np.int8)
+        return requantize(x.astype(np.int64) @ w.astype(np.int64).T + bias.astype(np.int64))
 
     def flop(self, shape: tuple[int, ...]) -> float:
         m, n, k = _mnk(shape)
@@ -132,6 +123,16 @@ class VtaDenseTemplate(OpTemplate):
         return gemm_program(*_mnk(shape), tiling(config), SHIFT, self.spec)
 
 
+def requant(acc: E.Expr, bias: E.Expr) -> E.Expr:
+    """The epilogue on one int32 sum: int8(min(max(acc + bias, 0) >> SHIFT, 127))."""
+    return te.cast("int8", te.minimum(te.shift_right(te.maximum(acc + bias, 0), _SHIFT_EXPR), 127))
+
+
+def requantize(acc: np.ndarray) -> np.ndarray:
+    """`requant` by numpy on sums that already include the bias (wrapped to int32 first)."""
+    return np.minimum(np.maximum(acc.astype(np.int32), 0) >> SHIFT, 127).astype(np.int8)
+
+
 def tiling(config: Mapping[str, Any]) -> GemmTiling:
     """The GEMM tiling a `vta_dense` config names."""
     return GemmTiling(
@@ -154,8 +155,18 @@ def accel_artifact(
     return Artifact(data, hashlib.sha256(data).hexdigest(), ACCEL_FORMAT, VTA_TARGET, entries)
 
 
+class AccelTemplate(Protocol):
+    """A template whose configs compile to accelerator programs (vta_dense, vta_conv2d)."""
+
+    def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]: ...
+
+    def flop(self, shape: tuple[int, ...]) -> float: ...
+
+    def program(self, shape: tuple[int, ...], config: Mapping[str, Any]) -> Program: ...
+
+
 def build_vta(
-    template: VtaDenseTemplate,
+    template: AccelTemplate,
     shape: tuple[int, ...],
     configs: Mapping[str, Mapping[str, Any]],
 ) -> Artifact:

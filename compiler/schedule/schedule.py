@@ -282,7 +282,8 @@ class Stage:
         self.attach = "inline"
 
     def set_scope(self, scope: str) -> None:
-        """Where this stage's buffer lives: "global", "local" or "shared"."""
+        """Where this stage's buffer lives: "global", "local", "shared", or one of the VTA
+        accelerator's on-chip buffers "vta.inp", "vta.wgt", "vta.acc"."""
         if scope not in SCOPES:
             raise ScheduleError(f"stage {self.name}: scope {scope!r} not in {sorted(SCOPES)}")
         self.scope = scope

@@ -17,7 +17,9 @@ instruction and the cause.
 Timing: a sample is the simulated cycles of one run at the spec's clock, identical for every
 repeat (the timing model never looks at data), and results are labelled `emulated` like qemu's;
 telemetry's `cpu_mhz` reads the spec's clock, so cycles = sample * cpu_mhz * 1e6 exactly as a
-double allows. The per-module busy / stall cycles are in `last_report` for in-process callers.
+double allows. A measurement's result carries where the cycles went (`AccelCycles`: total, GEMM,
+and per module busy / token-stall / DRAM-wait cycles), so a client reads the utilisation of each
+module; in-process callers also find the whole report in `last_report`.
 
 A SHARED_OBJECT for this host is accepted too, run as the cpu backend runs it, but only as a check
 reference or for RUN (a numpy-equivalent C kernel is the natural reference of a program); timing
@@ -39,7 +41,15 @@ import numpy as np
 
 from device_agent.backends.base import JobFailed, NativeBackend
 from device_agent.backends.cpu import CpuBackend
-from device_agent.domain import EntryPoint, EvaluatorConfig, Status, Telemetry
+from device_agent.domain import (
+    AccelCycles,
+    EntryPoint,
+    EvaluatorConfig,
+    ModuleCycles,
+    Status,
+    Telemetry,
+)
+from device_agent.jobs import MEASURE, Job, JobResult
 from device_agent.vta import image
 from device_agent.vta.sim import SimReport, Simulator, VtaHazard, build, encode_code
 from protos.vta import VtaSpec
@@ -191,6 +201,14 @@ class VtaSimBackend(NativeBackend):
         )  # fmt: skip
         return 0
 
+    def execute(self, job: Job) -> JobResult:
+        """As a native backend does; a measurement's result also carries its `AccelCycles`."""
+        self.last_report = None
+        result = super().execute(job)
+        if job.kind != MEASURE or result.status is not Status.OK or self.last_report is None:
+            return result
+        return dataclasses.replace(result, accel=accel_cycles(self.last_report))
+
     def time(
         self, module: Any, entry: EntryPoint, buffers: list[np.ndarray], config: EvaluatorConfig
     ) -> tuple[list[float], int]:
@@ -206,6 +224,7 @@ class VtaSimBackend(NativeBackend):
             self.call(module, entry.symbol, buffers)
             assert self.last_report is not None
             report = self.last_report
+        self.last_report = report
         return [report.seconds] * max(config.repeat, 1), max(config.number, 1)
 
     def _program(self, module: _Accel, symbol: str) -> Program:
@@ -213,6 +232,15 @@ class VtaSimBackend(NativeBackend):
         if program is None:
             raise JobFailed(Status.LOAD_ERROR, f"no program {symbol} in the artifact")
         return program
+
+
+def accel_cycles(report: SimReport) -> AccelCycles:
+    """The wire's summary of a simulator report: total and GEMM cycles, and each module's."""
+    modules = tuple(
+        ModuleCycles(m.name.lower(), c.busy, c.token_stall, c.dram_wait)
+        for m, c in sorted(report.modules.items())
+    )
+    return AccelCycles(report.total_cycles, report.gemm_cycles, modules)
 
 
 def create() -> VtaSimBackend:

@@ -154,7 +154,7 @@ def test_a_vta_device_runs_the_vta_target_and_no_c_target() -> None:
     vta = {"backend": "vta_sim", "arch": "vta", "emulated": "vta-sim", "vta_spec": "k"}
     assert device_target(vta) == "vta"
     assert check_target("vta", vta) == "vta"
-    assert device_records_target(vta) == device_records_target(vta, "vta") == "vta"
+    assert device_records_target(vta) == device_records_target(vta, "vta") == "vta/spec=k"
     with pytest.raises(TargetError, match="it runs vta"):
         check_target("host", vta)
     with pytest.raises(TargetError, match="cannot run on"):

@@ -19,6 +19,7 @@ from compiler.ops.vta_dense import VtaDenseTemplate
 from protos.auth import write_secrets
 from tuner import records as rec
 from tuner.measure import Status
+from tuner.measure.device_target import vta_records_name
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -42,13 +43,14 @@ def test_tune_op_vta_dense_on_a_vta_sim_agent(tmp_path: Path) -> None:
     every = list(rec.load(records_path))
     trials = [r for r in every if not r.confirmation]
     assert len(trials) == 8
-    assert all(r.status == Status.OK and r.target == "vta" for r in every)
+    target = vta_records_name()  # the spec the agent simulates, the default one
+    assert all(r.status == Status.OK and r.target == target for r in every)
     assert all(r.workload == rec.Workload("vta_dense", SHAPE) for r in every)
 
     template = VtaDenseTemplate()
     space = template.config_space(SHAPE)
     workload = rec.Workload("vta_dense", SHAPE)
-    best = rec.best(every, workload, "vta", len(space))
+    best = rec.best(every, workload, target, len(space))
     assert best is not None
     config = space.get(best.config_index)
     assert dict(config) == best.knobs

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.usefixtures("build_cache")
 # (template, shapes built with gcc, a tiny shape for the interpreter)
 CASES: dict[str, tuple[list[tuple[int, ...]], tuple[int, ...]]] = {
     "vta_dense": ([(64, 48, 80), (33, 17, 19), (1, 16, 16)], (5, 7, 20)),  # its host reference
+    "vta_conv2d": ([(20, 7, 9, 24, 3, 2, 1), (16, 5, 5, 16, 1, 1, 0)], (3, 4, 4, 5, 3, 1, 1)),
     "dense": ([(64, 96, 80), (7, 33, 19), (1, 16, 300), (16, 32, 256)], (3, 20, 5)),
     "conv2d_nchwc": (
         [

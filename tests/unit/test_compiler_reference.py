@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("build_cache")
 SHAPES: dict[str, list[tuple[int, ...]]] = {
     "matmul": [(9, 20, 13)],
     "vta_dense": [(33, 17, 19)],
+    "vta_conv2d": [(20, 7, 9, 24, 3, 2, 1)],
     "dense": [(7, 33, 128), (5, 32, 64)],  # N not a multiple of nr (a [M][N] output), and one
     "conv2d_nchwc": [(1, 32, 6, 5, 32, 3, 3, 1, 1, 2), (1, 16, 7, 7, 32, 3, 3, 2, 1, 3)],
     "conv2d_1x1_nchwc": [(1, 32, 5, 5, 32, 1, 1, 1, 0, 1), (1, 16, 6, 6, 32, 1, 1, 2, 0, 0)],

@@ -41,6 +41,7 @@ from typing import Protocol, runtime_checkable
 from compiler import build as compiler_build
 from compiler.artifact import Artifact
 from compiler.ops.reference import reference_kernel, reference_symbol
+from compiler.ops.vta_conv2d import VtaConv2dTemplate
 from compiler.ops.vta_dense import VTA_TARGET, VtaDenseTemplate, build_vta
 from compiler.toolchain import CACHE_ENV
 from tuner.measure.build_stream import BuildResult, BuildStream, FuturesEngine
@@ -198,7 +199,7 @@ def _build_unit(
 def _build_vta(task: Task, index: int) -> BuildResult:
     """One candidate's accelerator program (target "vta": instructions, not C)."""
     try:
-        if not isinstance(task.template, VtaDenseTemplate):
+        if not isinstance(task.template, VtaDenseTemplate | VtaConv2dTemplate):
             raise ValueError(
                 f"target {VTA_TARGET} builds vta_* templates, not {task.template.name}"
             )

@@ -11,7 +11,10 @@ core set tags it with the set's size); records of that device carry the count in
 applied to another. A device without the tag runs kernels on one thread.
 
 A simulated accelerator's device (`arch=vta`, the vta_sim backend) runs accelerator programs,
-not C: its target is "vta" (compiler.ops.vta_dense builds it), and no C target runs on it.
+not C: its target is "vta" (compiler.ops.vta_dense builds it), and no C target runs on it. A
+program is compiled for one accelerator spec (buffer sizes, DRAM timing, clock) and its cycles
+are that spec's, so the records of such a device carry its spec (its `vta_spec` tag):
+"vta/spec=1-16-16-...". Records tuned for one spec never serve a device of another.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from collections.abc import Mapping
 
 from compiler.toolchain import TARGETS, BuildError, get_target, host_target_name
 from protos.hostinfo import cpu_tags
+from protos.vta import VTA_TARGET, VtaSpec
 from tuner.records.record import records_target
 
-# The simulated accelerator's arch tag (device_agent.backends.vta_sim) and its target
-# (compiler.ops.vta_dense.VTA_TARGET; not imported, to keep this module off the op templates).
+# The simulated accelerator's arch tag (device_agent.backends.vta_sim).
 VTA_ARCH = "vta"
-VTA_TARGET = "vta"
+SPEC_MARK = "/spec="
 
 # What each named target needs of a device: its arch and these features (empty: the base ISA).
 _NEEDS: dict[str, frozenset[str]] = {
@@ -130,7 +133,8 @@ def device_threads(tags: Mapping[str, str]) -> int:
 
 def device_records_target(tags: Mapping[str, str], target: str | None = None) -> str:
     """The target records of a device with `tags` carry: the resolved name of `target` (default:
-    `device_target(tags)`; "host" resolves to this machine's class) and the device's thread count.
+    `device_target(tags)`; "host" resolves to this machine's class; an accelerator's names its
+    spec, `vta_records_name`) and the device's thread count.
 
     Raises:
         TargetError: as `device_target`, `check_target` (for a `target` given) and
@@ -138,12 +142,18 @@ def device_records_target(tags: Mapping[str, str], target: str | None = None) ->
     """
     name = device_target(tags) if target is None else check_target(target, tags)
     if name == VTA_TARGET:
-        return records_target(VTA_TARGET, device_threads(tags))
+        return records_target(vta_records_name(tags.get("vta_spec")), device_threads(tags))
     try:
         resolved = get_target(name).name
     except BuildError as exc:
         raise TargetError(str(exc)) from None
     return records_target(resolved, device_threads(tags))
+
+
+def vta_records_name(spec_key: str | None = None) -> str:
+    """The records target name of accelerator programs for the spec with key `spec_key`
+    (`VtaSpec.key`; None: the default spec, the one the op templates build for)."""
+    return f"{VTA_TARGET}{SPEC_MARK}{spec_key or VtaSpec().key()}"
 
 
 def _host_arch() -> str:

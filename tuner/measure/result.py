@@ -12,7 +12,14 @@ from enum import StrEnum
 
 from protos.evaluator import EvaluatorConfig
 
-__all__ = ["NOISY_SPREAD", "EvaluatorConfig", "MeasureResult", "Status", "spread"]
+__all__ = [
+    "NOISY_SPREAD",
+    "AccelCycles",
+    "EvaluatorConfig",
+    "MeasureResult",
+    "Status",
+    "spread",
+]
 
 # A result whose samples spread more than this (interquartile range over median) is measured
 # again; still past it with the new samples, it is flagged `noisy`. On a 2-vCPU VM a tenth of
@@ -47,6 +54,31 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True)
+class AccelCycles:
+    """Where a simulated accelerator's run (vta_sim) spent its cycles.
+
+    `busy_cycles`, `token_stall_cycles` and `dram_wait_cycles` map a module ("load", "compute",
+    "store") to its cycles executing, waiting for a dependency token, waiting for DRAM.
+    """
+
+    total_cycles: int
+    gemm_cycles: int
+    busy_cycles: dict[str, int] = field(default_factory=dict)
+    token_stall_cycles: dict[str, int] = field(default_factory=dict)
+    dram_wait_cycles: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def gemm_utilisation(self) -> float:
+        """Useful GEMM cycles over all cycles."""
+        return self.gemm_cycles / self.total_cycles if self.total_cycles else 0.0
+
+    def utilisation(self, module: str) -> float:
+        """Busy cycles of `module` over all cycles (0 for a module not reported)."""
+        busy = self.busy_cycles.get(module, 0)
+        return busy / self.total_cycles if self.total_cycles else 0.0
+
+
+@dataclass(frozen=True)
 class MeasureResult:
     """The outcome of measuring one candidate."""
 
@@ -59,6 +91,7 @@ class MeasureResult:
     emulated: bool = False
     extra: dict[str, float] = field(default_factory=dict)
     noisy: bool = False  # its samples spread past NOISY_SPREAD even after a re-measure
+    accel: AccelCycles | None = None  # a simulated accelerator's cycles (not kept in records)
 
     @property
     def ok(self) -> bool:

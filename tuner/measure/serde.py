@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compiler.artifact import Artifact
 from protos import common_pb2
-from tuner.measure.result import EvaluatorConfig, MeasureResult, Status
+from tuner.measure.result import AccelCycles, EvaluatorConfig, MeasureResult, Status
 
 _FORMATS = {
     "shared_object": common_pb2.SHARED_OBJECT,
@@ -73,4 +73,16 @@ def measure_result(msg: common_pb2.MeasureResult) -> MeasureResult:
         number_used=msg.number_used,
         signal=msg.signal,
         emulated=msg.emulated,
+        accel=accel_cycles(msg.accel) if msg.HasField("accel") else None,
+    )
+
+
+def accel_cycles(msg: common_pb2.AccelCycles) -> AccelCycles:
+    """A simulated accelerator's cycles from the wire."""
+    return AccelCycles(
+        total_cycles=msg.total_cycles,
+        gemm_cycles=msg.gemm_cycles,
+        busy_cycles={m.module: m.busy_cycles for m in msg.modules},
+        token_stall_cycles={m.module: m.token_stall_cycles for m in msg.modules},
+        dram_wait_cycles={m.module: m.dram_wait_cycles for m in msg.modules},
     )
