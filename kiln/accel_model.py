@@ -84,7 +84,7 @@ def device_vta_spec(pool: Pool) -> VtaSpec:
     if key is None:
         raise ValueError(f"the pool's devices are no accelerator ({pool.describe()})")
     try:
-        return VtaSpec(*(int(v) for v in key.split("-")))
+        return VtaSpec.from_key(key)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"device tag vta_spec={key!r} is not a spec key: {exc}") from None
 

@@ -197,6 +197,20 @@ class VtaSpec:
         """A short name of the spec for device tags: equal keys mean equal specs."""
         return "-".join(str(getattr(self, f.name)) for f in fields(self))
 
+    @classmethod
+    def from_key(cls, key: str) -> VtaSpec:
+        """The spec whose `key` is `key`.
+
+        Raises:
+            ValueError: `key` is not one (wrong count of fields, not integers, or a spec
+                `__post_init__` refuses).
+        """
+        parts = key.split("-")
+        names = [f.name for f in fields(cls)]
+        if len(parts) != len(names) or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{key!r} is not a VTA spec key ({len(names)} integers joined by -)")
+        return cls(*(int(p) for p in parts))
+
     def values(self) -> tuple[int, ...]:
         """The fields in declaration order (the container's and the simulator's order)."""
         return tuple(getattr(self, f.name) for f in fields(self))

@@ -35,7 +35,7 @@ from compiler.toolchain import BuildError, get_target
 from tuner import records as rec
 from tuner.measure.build_stream import BuildStream, FuturesEngine
 from tuner.measure.builder import Builder, BuildResult, StreamingBuilder
-from tuner.measure.device_target import VTA_TARGET, vta_records_name
+from tuner.measure.device_target import is_vta_target, vta_records_name, vta_target_spec
 from tuner.measure.result import MeasureResult, Status
 from tuner.measure.runner import Runner
 from tuner.options import TuneOptions
@@ -131,8 +131,8 @@ class TuningError(RuntimeError):
 def target_name(target: str) -> str:
     """The name records carry for a builder's target: "host" resolves to this machine's class;
     "vta" names the accelerator spec the templates build for (`vta_records_name`)."""
-    if target == VTA_TARGET:
-        return vta_records_name()
+    if is_vta_target(target):
+        return vta_records_name(vta_target_spec(target).key())
     try:
         return get_target(target).name
     except BuildError:

@@ -15,7 +15,7 @@ from compiler.codegen.vta import GemmTiling, gemm_program
 from compiler.ops.vta_dense import SHIFT, VtaDenseTemplate
 from device_agent.vta import image
 from device_agent.vta.sim import HazardKind, SimReport, Simulator, VtaHazard, build, encode_code
-from protos.vta import Buffer, Deps, Gemm, Load
+from protos.vta import Buffer, Deps, Gemm, Load, VtaSpec
 from protos.vta_program import Program, decode_programs
 from tuner.measure.builder import build_unit
 from tuner.measure.device_target import (
@@ -150,13 +150,23 @@ def test_builder_makes_accel_programs_with_host_references(sim: Simulator) -> No
     assert results[-1].artifact is None and "needs" in results[-1].error
 
 
-def test_a_vta_device_runs_the_vta_target_and_no_c_target() -> None:
-    vta = {"backend": "vta_sim", "arch": "vta", "emulated": "vta-sim", "vta_spec": "k"}
+def test_a_vta_device_runs_the_vta_target_of_its_spec_and_no_c_target() -> None:
+    default = VtaSpec().key()
+    vta = {"backend": "vta_sim", "arch": "vta", "emulated": "vta-sim", "vta_spec": default}
     assert device_target(vta) == "vta"
     assert check_target("vta", vta) == "vta"
-    assert device_records_target(vta) == device_records_target(vta, "vta") == "vta/spec=k"
+    assert device_records_target(vta) == device_records_target(vta, "vta") == f"vta/spec={default}"
     with pytest.raises(TargetError, match="it runs vta"):
         check_target("host", vta)
     with pytest.raises(TargetError, match="cannot run on"):
         check_target("vta", {"arch": "x86_64", "features": "avx2,fma"})
+    # another spec: the target names it, the default one does not run there
+    other = dataclasses.replace(VtaSpec(), clock_mhz=250).key()
+    slow = {**vta, "vta_spec": other}
+    assert device_target(slow) == check_target(f"vta/spec={other}", slow) == f"vta/spec={other}"
+    assert device_records_target(slow) == f"vta/spec={other}"
+    with pytest.raises(TargetError, match="another accelerator spec"):
+        check_target("vta", slow)
+    with pytest.raises(TargetError, match="not a VTA spec key"):
+        check_target("vta", {**vta, "vta_spec": "k"})
     assert device_target({"arch": "aarch64"}) == "aarch64-neon"  # other arches unchanged

@@ -35,8 +35,11 @@ RPC_S = 30.0
 M, N, K = 96, 64, 64
 
 
-def spawn(workdir: Path, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `python -m <args> --ready-file F`; return it and the address it serves."""
+def spawn(
+    workdir: Path, name: str, args: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `python -m <args> --ready-file F` (with `env` added to the environment); return it
+    and the address it serves."""
     ready = workdir / f"{name}.ready"
     with open(workdir / f"{name}.log", "wb") as log:
         proc = subprocess.Popen(
@@ -45,6 +48,7 @@ def spawn(workdir: Path, name: str, args: list[str]) -> tuple[subprocess.Popen[b
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
     deadline = time.monotonic() + WAIT_S
     while not ready.exists():
@@ -66,9 +70,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def vta_pool(workdir: Path, secrets_path: Path) -> Iterator[str]:
-    """A real tracker and a `--backend vta_sim --key vta-sim` agent secured by `secrets_path`;
-    yields the tracker's address and ends both by pid."""
+def vta_pool(
+    workdir: Path, secrets_path: Path, agent_env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """A real tracker and a `--backend vta_sim --key vta-sim` agent secured by `secrets_path`
+    (`agent_env`: e.g. KILN_VTA_SPEC for another spec); yields the tracker's address and ends
+    both by pid."""
     procs = []
     try:
         tracker, tracker_address = spawn(
@@ -81,6 +88,7 @@ def vta_pool(workdir: Path, secrets_path: Path) -> Iterator[str]:
             ["device_agent", "--tracker", tracker_address, "--key", "vta-sim", "--backend",
              "vta_sim", "--listen", "127.0.0.1:0", "--token-file", str(secrets_path),
              "--cache-dir", str(workdir / "cache")],
+            agent_env,
         )  # fmt: skip
         procs.append(agent)
         yield tracker_address

@@ -8,6 +8,8 @@ Real `python -m tracker`, `python -m device_agent` and `python -m kiln` processe
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from test_vta_sim_pool import vta_pool
 
 from compiler.ops.vta_dense import VtaDenseTemplate
 from protos.auth import write_secrets
+from protos.vta import VtaSpec
 from tuner import records as rec
 from tuner.measure import Status
 from tuner.measure.device_target import vta_records_name
@@ -64,3 +67,26 @@ def test_tune_op_vta_dense_on_a_vta_sim_agent(tmp_path: Path) -> None:
         [trial] = [t for t in trials if t.config_index == r.config_index]
         assert r.result.samples_s == trial.result.samples_s
         assert len(set(r.result.samples_s)) == 1
+
+
+def test_tune_op_on_a_device_of_another_spec_builds_for_that_spec(tmp_path: Path) -> None:
+    """The target names the device's spec, the builder builds for it (a program of another spec
+    would not load), and the records carry it: none is the default spec's."""
+    secrets_path = tmp_path / "pool.secrets"
+    write_secrets(secrets_path)
+    records_path = tmp_path / "R.jsonl"
+    spec = dataclasses.replace(VtaSpec(), dram_latency_cycles=256)
+    overrides = {"KILN_VTA_SPEC": json.dumps({"dram_latency_cycles": 256})}
+    with vta_pool(tmp_path, secrets_path, overrides) as tracker_address:
+        out = kiln(
+            "tune-op", "vta_dense", "--shape", ",".join(map(str, SHAPE)),
+            "--tracker", tracker_address, "--key", "vta-sim",
+            "--token-file", str(secrets_path), "--trials", "6", "--records", str(records_path),
+            "--confirm", "0", timeout=240,
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"target vta/spec={spec.key()}" in out.stderr
+    every = list(rec.load(records_path))
+    assert len(every) == 6
+    assert all(r.status == Status.OK for r in every), [r.result.error for r in every]
+    assert {r.target for r in every} == {vta_records_name(spec.key())} != {vta_records_name()}

@@ -40,11 +40,13 @@ from typing import Protocol, runtime_checkable
 
 from compiler import build as compiler_build
 from compiler.artifact import Artifact
+from compiler.ops.base import threaded_space
 from compiler.ops.reference import reference_kernel, reference_symbol
 from compiler.ops.vta_conv2d import VtaConv2dTemplate
 from compiler.ops.vta_dense import VTA_TARGET, VtaDenseTemplate, build_vta
 from compiler.toolchain import CACHE_ENV
 from tuner.measure.build_stream import BuildResult, BuildStream, FuturesEngine
+from tuner.measure.device_target import is_vta_target, vta_target_spec
 from tuner.measure.runner import Reference
 from tuner.records import Workload
 from tuner.task import Task
@@ -78,7 +80,7 @@ def reference_for(task: Task, index: int, target: str) -> Reference:
         return found
     kernel = reference_kernel(task.template, task.workload.shape, config)
     # an accelerator program is checked against the compute built for the device's host
-    art = compiler_build.build_many([kernel], "host" if target == VTA_TARGET else target)
+    art = compiler_build.build_many([kernel], "host" if is_vta_target(target) else target)
     outputs = sum(math.prod(a.shape) for a in art.entries[0].args if a.role == "output")
     terms = max(1.0, task.flop / (2 * max(outputs, 1)))
     ref = Reference(art, kernel.symbol, CHECK_RTOL, CHECK_ATOL_PER_SQRT_TERM * math.sqrt(terms))
@@ -167,8 +169,8 @@ def _build_unit(
         task = Task(workload, threads)
     except Exception as exc:
         return [BuildResult(i, None, _error(exc)) for i in indices]
-    if target == VTA_TARGET:
-        return [_build_vta(task, i) for i in indices]
+    if is_vta_target(target):
+        return [_build_vta(task, i, target) for i in indices]
     kernels: dict[int, compiler_build.Kernel] = {}
     failed: dict[int, str] = {}
     for i in indices:
@@ -196,15 +198,25 @@ def _build_unit(
     return out
 
 
-def _build_vta(task: Task, index: int) -> BuildResult:
-    """One candidate's accelerator program (target "vta": instructions, not C)."""
+def _build_vta(task: Task, index: int, target: str = VTA_TARGET) -> BuildResult:
+    """One candidate's accelerator program (a vta target: instructions, not C), for the spec
+    the target names (`device_target.vta_target_spec`)."""
     try:
-        if not isinstance(task.template, VtaDenseTemplate | VtaConv2dTemplate):
-            raise ValueError(
-                f"target {VTA_TARGET} builds vta_* templates, not {task.template.name}"
-            )
+        template = task.template
+        if not isinstance(template, VtaDenseTemplate | VtaConv2dTemplate):
+            raise ValueError(f"target {target} builds vta_* templates, not {template.name}")
+        spec = vta_target_spec(target)
+        space = task.space
+        if spec != template.spec:
+            template = type(template)(spec)
+            space = threaded_space(template, task.workload.shape, task.threads)
+            if space.knobs != task.space.knobs:
+                raise ValueError(
+                    f"{template.name}'s configs for spec {spec.key()} are not those of the "
+                    f"default spec (its GEMM block differs): not tunable as one task"
+                )
         symbol = _symbol(task.workload, index, task.threads)
-        art = build_vta(task.template, task.workload.shape, {symbol: task.space.get(index)})
+        art = build_vta(template, task.workload.shape, {symbol: space.get(index)})
     except Exception as exc:
         return BuildResult(index, None, _error(exc))
     return BuildResult(index, art)

@@ -11,9 +11,10 @@ core set tags it with the set's size); records of that device carry the count in
 applied to another. A device without the tag runs kernels on one thread.
 
 A simulated accelerator's device (`arch=vta`, the vta_sim backend) runs accelerator programs,
-not C: its target is "vta" (compiler.ops.vta_dense builds it), and no C target runs on it. A
-program is compiled for one accelerator spec (buffer sizes, DRAM timing, clock) and its cycles
-are that spec's, so the records of such a device carry its spec (its `vta_spec` tag):
+not C, and no C target runs on it. A program is compiled for one accelerator spec (buffer sizes,
+DRAM timing, clock; the device's `vta_spec` tag) and its cycles are that spec's, so the target
+names the spec: "vta" for the default spec, "vta/spec=<key>" for another (`vta_target`; the
+builder builds the vta_* templates for it), and records carry it always:
 "vta/spec=1-16-16-...". Records tuned for one spec never serve a device of another.
 """
 
@@ -60,7 +61,7 @@ def device_target(tags: Mapping[str, str]) -> str:
     arch = tags.get("arch", "")
     features = _features(tags)
     if arch == VTA_ARCH:
-        return VTA_TARGET
+        return vta_target(tags.get("vta_spec"))
     if arch in ("aarch64", "arm64"):
         name = "aarch64-neon"
     elif arch in ("x86_64", "AMD64"):
@@ -90,8 +91,14 @@ def check_target(target: str, tags: Mapping[str, str], device: str = "the device
         TargetError: an unknown target, another arch, or features the device lacks.
     """
     arch = tags.get("arch", "")
-    if target == VTA_TARGET or arch == VTA_ARCH:
-        if target == VTA_TARGET and arch == VTA_ARCH:
+    if is_vta_target(target) or arch == VTA_ARCH:
+        if is_vta_target(target) and arch == VTA_ARCH:
+            runs = device_target(tags)
+            if vta_target_spec(target) != vta_target_spec(runs):
+                raise TargetError(
+                    f"target {target} builds for another accelerator spec than {device} "
+                    f"simulates; it runs {runs}"
+                )
             return target
         raise TargetError(
             f"target {target} cannot run on {device} (arch={arch}); it runs {device_target(tags)}"
@@ -141,13 +148,42 @@ def device_records_target(tags: Mapping[str, str], target: str | None = None) ->
             `device_threads`.
     """
     name = device_target(tags) if target is None else check_target(target, tags)
-    if name == VTA_TARGET:
-        return records_target(vta_records_name(tags.get("vta_spec")), device_threads(tags))
+    if is_vta_target(name):
+        return records_target(vta_records_name(vta_target_spec(name).key()), device_threads(tags))
     try:
         resolved = get_target(name).name
     except BuildError as exc:
         raise TargetError(str(exc)) from None
     return records_target(resolved, device_threads(tags))
+
+
+def vta_target(spec_key: str | None = None) -> str:
+    """The compile target of programs for the spec with key `spec_key`: "vta" for the default
+    spec (None, or its key), else "vta/spec=<key>"."""
+    if not spec_key or spec_key == VtaSpec().key():
+        return VTA_TARGET
+    return f"{VTA_TARGET}{SPEC_MARK}{spec_key}"
+
+
+def is_vta_target(target: str) -> bool:
+    """Whether `target` builds accelerator programs ("vta" or "vta/spec=<key>")."""
+    return target == VTA_TARGET or target.startswith(VTA_TARGET + SPEC_MARK)
+
+
+def vta_target_spec(target: str) -> VtaSpec:
+    """The accelerator spec a vta target builds for.
+
+    Raises:
+        TargetError: `target` is not a vta target, or its spec key is malformed.
+    """
+    if target == VTA_TARGET:
+        return VtaSpec()
+    if not is_vta_target(target):
+        raise TargetError(f"{target!r} is not an accelerator target")
+    try:
+        return VtaSpec.from_key(target[len(VTA_TARGET + SPEC_MARK) :])
+    except (TypeError, ValueError) as exc:
+        raise TargetError(f"target {target!r}: {exc}") from None
 
 
 def vta_records_name(spec_key: str | None = None) -> str:
