@@ -2,26 +2,31 @@
 one candidate costs at each step.
 
     .venv/bin/python benchmarks/throughput.py [--trials 64] [--batch 8] [--samples 16]
+        [--templates dense,conv2d_winograd_nchwc,...] [--costs-only] [--evaluator default|light]
 
 Loop: `tune()` (XGBoost-guided search, pipelined: builds stream into measurement as they finish,
 on-device check on, records appended to a JSON-lines file) of dense 256 and a ResNet-18 conv
 (3x3, 64 channels at 56x56, `conv2d_nchwc`) on an embedded pool of two agents (one device each,
 real tracker, leases, uploads, native timing with the CLI's defaults: 3 repeats of at least
-20 ms). Once with `LocalBuilder` (build processes = the cores this process may use, 4 candidates
-per unit) and once with `DaskBuilder` on a `distributed.LocalCluster` of as many worker
-processes (one thread each) on 127.0.0.1; which goes first alternates by workload. Every run
-builds into an empty compile cache, and its workers are warmed (imports) before the clock.
+20 ms; `--evaluator light`: one repeat of at least 2 ms, which ranks candidates more coarsely
+but leaves the loop's pace to the builds; the tuner's own defaults are not changed). Once with
+`LocalBuilder` (build processes = the cores this process may use, 4 candidates per unit) and
+once with `DaskBuilder` on a `distributed.LocalCluster` of as many worker processes (one
+thread each) on 127.0.0.1; which goes first alternates by workload. Every run builds into an
+empty compile cache, and its workers are warmed (imports) before the clock.
 Both build for this machine's target class (what a Dask builder resolves "host" to).
 candidates/s = trials / wall time of `tune()`.
 
 Per-candidate costs (the "Scaling on paper" note in README.md uses them): for each template
-(dense, conv2d_nchwc, and conv2d_winograd_nchwc on the same ResNet-18 layer), `--samples` random
-plausible configs: lowering (instantiate the schedule, lower to loop IR, render C) and compiling
-(gcc, empty cache) one candidate alone, p50 and p95; upload: one quick call of each of those
-dense artifacts with its upload less one without; measure: each timed as the loop times it.
+(COSTED: dense, the ResNet-18 layer as conv2d_nchwc and as conv2d_winograd_nchwc, a 1x1, a
+depthwise, a max pool, a global average pool, a row sum, a softmax; `--templates` picks some),
+`--samples` random plausible configs: lowering (instantiate the schedule, lower to loop IR,
+render C) and compiling (gcc, empty cache) one candidate alone, p50 and p95; upload: one quick
+call of each of those dense artifacts with its upload less one without; measure: each timed as
+the loop times it.
 
-Ends with one line (the loop figures are dense 256's; lower_p95_s / compile_p95_s the worst
-template's):
+Ends with one line (the loop figures are dense 256's, nan with `--costs-only`; lower_p95_s /
+compile_p95_s the worst template's):
     throughput: candidates_per_s_local=<x> candidates_per_s_dask=<x> lower_p95_s=<s> compile_p95_s=<s>
 """
 
@@ -60,9 +65,23 @@ from tuner.task import Task
 DENSE = Workload("dense", (256, 256, 256))
 CONV = Workload("conv2d_nchwc", (1, 64, 56, 56, 64, 3, 3, 1, 1, 1))
 WINOGRAD = Workload("conv2d_winograd_nchwc", (1, 64, 56, 56, 64, 3, 3, 1, 1, 1))
+COSTED = (
+    DENSE,
+    CONV,
+    WINOGRAD,
+    Workload("conv2d_1x1_nchwc", (1, 64, 56, 56, 128, 1, 1, 2, 0, 1)),
+    Workload("depthwise_conv2d_nchwc", (1, 32, 112, 112, 3, 3, 1, 1, 1)),
+    Workload("max_pool2d_nchwc", (1, 64, 112, 112, 3, 2, 1)),
+    Workload("global_avg_pool2d_nchwc", (1, 512, 7, 7)),
+    Workload("reduce_sum", (512, 512, 1)),
+    Workload("softmax", (128, 512)),
+)
 LOOP_CASES = (("dense 256", DENSE), ("resnet18 conv 64@56", CONV))
 WARM_UP = Workload("matmul", (16, 16, 16))
-EVALUATOR = EvaluatorConfig(repeat=3, min_repeat_ms=20.0, timeout_s=30.0)  # `kiln tune-op`'s
+EVALUATORS = {
+    "default": EvaluatorConfig(repeat=3, min_repeat_ms=20.0, timeout_s=30.0),  # `kiln tune-op`'s
+    "light": EvaluatorConfig(repeat=1, min_repeat_ms=2.0, timeout_s=30.0),
+}
 QUICK = EvaluatorConfig(warmup=0, repeat=1, min_repeat_ms=0.0)  # one call: what an upload adds
 PER_UNIT = 4
 
@@ -126,7 +145,7 @@ def loop_run(
         make(args.cores, str(Path(tmp) / "cache"), target) as builder,
     ):
         builder.build(WARM_UP, list(range(args.cores * PER_UNIT)))  # imports, process starts
-        runner = PoolRunner(config, EVALUATOR, devices=2)
+        runner = PoolRunner(config, EVALUATORS[args.evaluator], devices=2)
         try:
             t0 = time.perf_counter()
             progress = tune(
@@ -204,7 +223,9 @@ def step_costs(
     return lower, compile_
 
 
-def upload_and_measure(arts: list[Artifact], config: PoolConfig) -> tuple[float, float]:
+def upload_and_measure(
+    arts: list[Artifact], config: PoolConfig, evaluator: EvaluatorConfig
+) -> tuple[float, float]:
     """Median seconds per candidate on one device: its upload (one quick call with the upload,
     less one without) and its measurement as the loop times it (cached)."""
     runner = PoolRunner(config, QUICK, devices=1)
@@ -218,7 +239,7 @@ def upload_and_measure(arts: list[Artifact], config: PoolConfig) -> tuple[float,
             t1 = time.perf_counter()
             runner.run([art])
             t2 = time.perf_counter()
-            runner.evaluator = EVALUATOR
+            runner.evaluator = evaluator
             runner.run([art])
             t3 = time.perf_counter()
             upload.append((t1 - t0) - (t2 - t1))
@@ -235,43 +256,8 @@ def p(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=64, help="trials per loop run")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=16, help="configs per template costed")
-    args = parser.parse_args()
-    args.cores = len(os.sched_getaffinity(0))
-    target = host_target_name()
-    logging.getLogger("distributed").setLevel(logging.ERROR)
-
-    print(f"{args.cores} cores, target {target}; lowering and compile costs", file=sys.stderr)
-    costs: dict[str, tuple[list[float], list[float]]] = {}
-    dense_arts: list[Artifact] = []
-    for workload in (DENSE, CONV, WINOGRAD):
-        keep = dense_arts if workload is DENSE else None
-        costs[workload.op] = step_costs(workload, args.samples, target, keep)
-
-    runs: list[LoopRun] = []
-    with LocalPool(key="bench-throughput", agents=2, devices_per_agent=1) as pool:
-        config = PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token)
-        upload_s, measure_s = upload_and_measure(dense_arts, config)
-        builders = [("local", local_builder), ("dask", dask_builder)]
-        for n, (case, workload) in enumerate(LOOP_CASES):
-            for name, make in builders if n % 2 == 0 else builders[::-1]:
-                runs.append(loop_run(name, make, case, workload, config, args, target))
-
-    print(
-        f"\nwhole loop, {args.trials} trials in batches of {args.batch}, 2 agents, {args.cores} cores"
-    )
-    head = f"{'case':<22} {'builder':<8} {'cand/s':>7} {'wall s':>7} {'build s':>8} {'measure s':>9} {'search s':>8} {'ok':>4}"
-    print(head)
-    for r in runs:
-        print(
-            f"{r.case:<22} {r.builder:<8} {r.per_s:7.1f} {r.wall_s:7.1f} {r.build_s:8.1f} "
-            f"{r.measure_s:9.1f} {r.search_s:8.1f} {r.ok:4d}"
-        )
-    print(f"\nper candidate, alone, empty cache ({args.samples} configs per template)")
+def print_costs(costs: dict[str, tuple[list[float], list[float]]], samples: int) -> None:
+    print(f"\nper candidate, alone, empty cache ({samples} configs per template)")
     print(
         f"{'template':<24} {'lower p50':>10} {'lower p95':>10} {'compile p50':>12} {'compile p95':>12}"
     )
@@ -280,6 +266,74 @@ def main() -> None:
             f"{op:<24} {p(lower, 50):9.3f}s {p(lower, 95):9.3f}s {p(comp, 50):11.3f}s "
             f"{p(comp, 95):11.3f}s"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=64, help="trials per loop run")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=16, help="configs per template costed")
+    parser.add_argument(
+        "--templates",
+        default=",".join(w.op for w in COSTED),
+        help="comma-separated templates of COSTED to cost (dense always, for the loop)",
+    )
+    parser.add_argument("--costs-only", action="store_true", help="skip the loop runs")
+    parser.add_argument(
+        "--evaluator",
+        choices=sorted(EVALUATORS),
+        default="default",
+        help="the loop's measurement: default (3 x >= 20 ms) or light (1 x >= 2 ms)",
+    )
+    args = parser.parse_args()
+    args.cores = len(os.sched_getaffinity(0))
+    target = host_target_name()
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    wanted = set(args.templates.split(","))
+    unknown = wanted - {w.op for w in COSTED}
+    if unknown:
+        parser.error(f"not in COSTED: {', '.join(sorted(unknown))}")
+
+    print(f"{args.cores} cores, target {target}; lowering and compile costs", file=sys.stderr)
+    costs: dict[str, tuple[list[float], list[float]]] = {}
+    dense_arts: list[Artifact] = []
+    for workload in COSTED:
+        if workload.op in wanted or (workload is DENSE and not args.costs_only):
+            keep = dense_arts if workload is DENSE else None
+            costs[workload.op] = step_costs(workload, args.samples, target, keep)
+            print(f"  costed {workload.op}", file=sys.stderr, flush=True)
+    lower_p95 = max(p(lower, 95) for lower, _ in costs.values())
+    compile_p95 = max(p(comp, 95) for _, comp in costs.values())
+    if args.costs_only:
+        print_costs(costs, args.samples)
+        print(
+            f"throughput: candidates_per_s_local=nan candidates_per_s_dask=nan "
+            f"lower_p95_s={lower_p95:.3f} compile_p95_s={compile_p95:.3f}"
+        )
+        return
+
+    evaluator = EVALUATORS[args.evaluator]
+    runs: list[LoopRun] = []
+    with LocalPool(key="bench-throughput", agents=2, devices_per_agent=1) as pool:
+        config = PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token)
+        upload_s, measure_s = upload_and_measure(dense_arts, config, evaluator)
+        builders = [("local", local_builder), ("dask", dask_builder)]
+        for n, (case, workload) in enumerate(LOOP_CASES):
+            for name, make in builders if n % 2 == 0 else builders[::-1]:
+                runs.append(loop_run(name, make, case, workload, config, args, target))
+
+    print(
+        f"\nwhole loop, {args.trials} trials in batches of {args.batch}, 2 agents, {args.cores} cores, "
+        f"evaluator {args.evaluator}"
+    )
+    head = f"{'case':<22} {'builder':<8} {'cand/s':>7} {'wall s':>7} {'build s':>8} {'measure s':>9} {'search s':>8} {'ok':>4}"
+    print(head)
+    for r in runs:
+        print(
+            f"{r.case:<22} {r.builder:<8} {r.per_s:7.1f} {r.wall_s:7.1f} {r.build_s:8.1f} "
+            f"{r.measure_s:9.1f} {r.search_s:8.1f} {r.ok:4d}"
+        )
+    print_costs(costs, args.samples)
     print(
         f"dense 256 on one device: upload {upload_s * 1e3:.1f} ms, measure {measure_s * 1e3:.1f} ms "
         f"(median of {len(dense_arts) - 1})"
@@ -289,8 +343,6 @@ def main() -> None:
         f"search (ask + tell) per candidate: {statistics.median(searches) * 1e3:.1f} ms (median of runs)"
     )
     dense = {r.builder: r for r in runs if r.case == LOOP_CASES[0][0]}
-    lower_p95 = max(p(lower, 95) for lower, _ in costs.values())
-    compile_p95 = max(p(comp, 95) for _, comp in costs.values())
     print(
         f"throughput: candidates_per_s_local={dense['local'].per_s:.1f} "
         f"candidates_per_s_dask={dense['dask'].per_s:.1f} lower_p95_s={lower_p95:.3f} "

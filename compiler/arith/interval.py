@@ -10,6 +10,7 @@ Two views, both rule-based and conservative (a bound may be loose, never wrong):
 
 from __future__ import annotations
 
+from compiler.arith.canonical import to_sum
 from compiler.ir import expr as E
 
 Bounds = tuple[int, int]
@@ -108,6 +109,11 @@ def symbolic_interval(
         c = expr.b.value
         if inner[1] == 1:
             return E.FloorDiv(inner[0], expr.b), 1
+        residue = _residue(inner[0], c)
+        if residue is not None:
+            # lo = r (mod c): exactly the quotients of [r, r + n), so a split's `o * c + i`
+            # over its inner loop divided by c is one quotient, not two.
+            return E.FloorDiv(inner[0], expr.b), (residue + inner[1] - 1) // c + 1
         # [lo, lo + n) divided by c spans at most ceil((n - 1) / c) + 1 quotients.
         return E.FloorDiv(inner[0], expr.b), -(-(inner[1] - 1) // c) + 1
     if isinstance(expr, E.FloorMod) and isinstance(expr.b, E.IntImm) and expr.b.value > 0:
@@ -118,3 +124,11 @@ def symbolic_interval(
             return E.FloorMod(inner[0], expr.b), 1
         return E.IntImm(0), expr.b.value
     return None
+
+
+def _residue(expr: E.Expr, c: int) -> int | None:
+    """`expr` mod `c` when every variable part is a multiple of `c`, else None."""
+    form = to_sum(expr)
+    if any(coef % c for coef, _ in form.nonzero()):
+        return None
+    return form.const % c

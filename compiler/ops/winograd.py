@@ -15,11 +15,14 @@ Workload: the direct template's (N, IC, H, W, OC, 3, 3, 1, pad, epilogue). Argum
 - the output `[N][OC/ocb][OH][OW][ocb]`.
 
 Stages: `wino_in` [alpha][alpha][P][IC] (P = N*nH*nW tiles), `wino_mm` [alpha][alpha][OC/ocb][P][ocb]
-and the output with the epilogue. The transforms are written as one sparse sum per (eps, nu) or
-per output position, chosen by a Select chain on the unrolled transform axes: once the unroll pass
-makes those axes constants the simplifier keeps the one branch, so only non-zero coefficients are
-computed. The GEMM is the dense template's register tile: `reg_p` tiles x `oc_block` lanes of
-accumulators in a `cache_write` local tile.
+and the output with the epilogue. The transforms are sparse sums chosen by a Select chain on the
+unrolled transform axes: once the unroll pass makes those axes constants the simplifier keeps the
+one branch, so only non-zero coefficients are computed. F(2x2) writes each transform as one sum
+per (eps, nu) or output position. F(4x4) writes each in two halves (`separable`): `wino_db`
+(d B) per input tile and `wino_ma` (M A) per output tile, small local buffers computed at the
+tile loops, each output of the other half summing one column or row of them: 264 terms per
+input tile instead of 484, and about half the C. The GEMM is the dense template's register
+tile: `reg_p` tiles x `oc_block` lanes of accumulators in a `cache_write` local tile.
 On more than one thread the `parallel` knob runs each stage's outer data loops on OpenMP's
 threads, all three in one parallel region ("outer": tiles of `wino_in`, (eps, nu) of
 `wino_mm`, (batch, oc block) of the output; "fused": each with its next loop too). Every
@@ -47,8 +50,8 @@ from compiler.ops.conv2d import RELU6_CAP, Conv2dNCHWcTemplate, conv_geometry
 from compiler.ops.layout import pack_bias, pack_nchwc
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import ceil_div, channel_blocks
-from compiler.schedule.schedule import Schedule, create_schedule
-from compiler.te.tensor import ComputeOp, Tensor
+from compiler.schedule.schedule import Schedule, Stage, create_schedule
+from compiler.te.tensor import ComputeOp, IterVar, Tensor
 
 TILES = (4, 2)  # m of F(m x m, 3 x 3); the first is the default layout's
 _REG_P = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14)
@@ -168,6 +171,38 @@ def _select_table(
     return build(())
 
 
+@functools.cache
+def separable(m: int) -> bool:
+    """Whether F(m x m)'s transforms are cheaper in two halves (d B, then B^T (d B)): the
+    direct form sums nnz^2 terms per tile (nnz: the non-zeros of B^T), the halves 2 alpha nnz.
+    F(4x4): 264 against 484; F(2x2): 64 either way, so it keeps one stage each side."""
+    _, _, bt = winograd_matrices(m)
+    nonzeros = sum(1 for row in bt for x in row if x)
+    return 2 * len(bt) * nonzeros < nonzeros**2
+
+
+def _producer(t: Tensor, name: str) -> Tensor:
+    """The input `name` of computed tensor `t`."""
+    assert isinstance(t.op, ComputeOp)
+    found = next(x for x in t.op.inputs if x.name == name)
+    assert isinstance(found.op, ComputeOp)
+    return found
+
+
+def _transform_at(stage: Stage, parent: Stage, loop: IterVar, lanes: int) -> None:
+    """Compute the first half of a transform, `[alpha][alpha or m][..tile..][channels]`, per
+    tile and channel block (`lanes`) of `parent` at `loop`: its two transform axes unrolled,
+    the block's lanes vectorized, in a local buffer (registers where it fits)."""
+    stage.set_scope("local")
+    stage.compute_at(parent, loop)
+    first, second, *tile, last = stage.axis
+    outer, inner = stage.split(last, lanes)
+    stage.reorder(*tile, outer, first, second, inner)
+    stage.unroll(first)
+    stage.unroll(second)
+    stage.vectorize(inner)
+
+
 class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
     """3x3 stride-1 convolution by Winograd F(2x2) or F(4x4), in NCHW[x]c."""
 
@@ -228,23 +263,51 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
         alpha = m + 2
         hp, wp = self.padded_hw(shape, config)
         at, _, bt = winograd_matrices(m)
+        split = separable(m)
         tiles = n * nh * nw
         data = te.placeholder((n, ic // icb, hp, wp, icb), name="data")
         weight = te.placeholder((alpha, alpha, oc // ocb, ic, ocb), name="weight")
 
-        def tile_input(eps: E.Var, nu: E.Var, p: E.Var, c: E.Var) -> E.Expr:
+        def tile_read(p: E.Expr, c: E.Expr) -> Callable[[E.Expr | int, int], E.Expr]:
+            """d[a][j] of tile `p`, channel `c`."""
             b, th, tw = p // (nh * nw), p // nw % nh, p % nw
+            return lambda a, j: data[b, c // icb, th * m + a, tw * m + j, c % icb]
 
-            def leaf(e: int, u: int) -> E.Expr:
-                return _sparse_sum(
-                    [
-                        (bt[e][a] * bt[u][bb], data[b, c // icb, th * m + a, tw * m + bb, c % icb])
-                        for a in range(alpha)
-                        for bb in range(alpha)
-                    ]
-                )
+        if split:
+            # d B, then B^T (d B): each output sums one row or column of the other half.
+            db = te.compute(
+                (alpha, alpha, tiles, ic),
+                lambda a, u, p, c: _select_table(
+                    (u,),
+                    lambda col: _sparse_sum(
+                        [(bt[col][j], tile_read(p, c)(a, j)) for j in range(alpha)]
+                    ),
+                    (alpha,),
+                ),
+                name="wino_db",
+            )
 
-            return _select_table((eps, nu), leaf, (alpha, alpha))
+            def tile_input(eps: E.Var, nu: E.Var, p: E.Var, c: E.Var) -> E.Expr:
+                def leaf(row: int) -> E.Expr:
+                    return _sparse_sum([(bt[row][a], db[a, nu, p, c]) for a in range(alpha)])
+
+                return _select_table((eps,), leaf, (alpha,))
+
+        else:
+
+            def tile_input(eps: E.Var, nu: E.Var, p: E.Var, c: E.Var) -> E.Expr:
+                read = tile_read(p, c)
+
+                def leaf(e: int, u: int) -> E.Expr:
+                    return _sparse_sum(
+                        [
+                            (bt[e][a] * bt[u][bb], read(a, bb))
+                            for a in range(alpha)
+                            for bb in range(alpha)
+                        ]
+                    )
+
+                return _select_table((eps, nu), leaf, (alpha, alpha))
 
         v = te.compute((alpha, alpha, tiles, ic), tile_input, name="wino_in")
         k = te.reduce_axis((0, ic), name="k")
@@ -257,20 +320,42 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
         )
         bias = te.placeholder((oc // ocb, ocb), name="bias") if epilogue else None
         cap = RELU6_CAP if epilogue == 3 else None
+        if split:
+            # M A, then A^T (M A), as the input side.
+            ma = te.compute(
+                (alpha, m, oc // ocb, tiles, ocb),
+                lambda e, c, co, p, ci: _select_table(
+                    (c,),
+                    lambda col: _sparse_sum(
+                        [(at[col][u], mm[e, u, co, p, ci]) for u in range(alpha)]
+                    ),
+                    (m,),
+                ),
+                name="wino_ma",
+            )
 
         def out_body(b: E.Var, co: E.Var, y: E.Var, x: E.Var, ci: E.Var) -> E.Expr:
             p = (b * nh + y // m) * nw + x // m
-
-            def leaf(r: int, c: int) -> E.Expr:
-                return _sparse_sum(
-                    [
-                        (at[r][e] * at[c][u], mm[e, u, co, p, ci])
-                        for e in range(alpha)
-                        for u in range(alpha)
-                    ]
+            if split:
+                value = _select_table(
+                    (y % m,),
+                    lambda row: _sparse_sum(
+                        [(at[row][e], ma[e, x % m, co, p, ci]) for e in range(alpha)]
+                    ),
+                    (m,),
                 )
-
-            value = _select_table((y % m, x % m), leaf, (m, m))
+            else:
+                value = _select_table(
+                    (y % m, x % m),
+                    lambda r, c: _sparse_sum(
+                        [
+                            (at[r][e] * at[c][u], mm[e, u, co, p, ci])
+                            for e in range(alpha)
+                            for u in range(alpha)
+                        ]
+                    ),
+                    (m, m),
+                )
             if bias is not None:
                 value = value + bias[co, ci]
             if epilogue >= 2:
@@ -283,15 +368,16 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         """wino_in: p, ic blocks | eps, nu (unrolled), ic lanes (vector); wino_mm: the dense
         register tile per (eps, nu, oc block); out: n, oc block, tile rows and columns | m x m
-        (unrolled), oc lanes (vector)."""
+        (unrolled), oc lanes (vector). Separable (F(4x4)): wino_db computed per tile and ic
+        block, wino_ma per output tile."""
         m = int(config["tile"])
-        icb, _ = self.blocks(shape, config)
+        split = separable(m)
+        icb, ocb = self.blocks(shape, config)
         out = args[-1]
         sch = create_schedule(out)
-        assert isinstance(out.op, ComputeOp)
-        mm = next(t for t in out.op.inputs if t.name == "wino_mm")
-        assert isinstance(mm.op, ComputeOp)
-        v = next(t for t in mm.op.inputs if t.name == "wino_in")
+        ma = _producer(out, "wino_ma") if split else out
+        mm = _producer(ma, "wino_mm")
+        v = _producer(mm, "wino_in")
 
         st = sch[out]
         b, co, y, x, ci = st.axis
@@ -314,8 +400,12 @@ class Conv2dWinogradTemplate(Conv2dNCHWcTemplate):
             # "outer": tiles of the input transform, (eps, nu) of the products, (batch, oc
             # block) of the output transform; "fused": each with its next loop too.
             more = parallel == "fused"
-            parallelize(sv, [p, co_v], 1 + more)
+            co_v = parallelize(sv, [p, co_v], 1 + more)[-1]
             parallelize(st, [b, co, yo], 2 + more)
+        if split:
+            # The first halves, d B and M A, per input tile and channel block, per output tile.
+            _transform_at(sch[_producer(v, "wino_db")], sv, co_v, icb)
+            _transform_at(sch[ma], st, xo, ocb)
 
         acc = sch.cache_write(mm, "local")
         sm = sch[mm]

@@ -10,7 +10,7 @@ import pytest
 
 from compiler import te
 from compiler.arith import TRUE, const_bounds, simplify, symbolic_interval
-from compiler.ir import LT, For, IfThenElse, IntImm, Min, PrimFunc, Var, interpreter
+from compiler.ir import LT, Expr, For, IfThenElse, IntImm, Min, PrimFunc, Var, interpreter
 from compiler.ir.transform import walk_stmts
 from compiler.lower import PASSES, lower_loop_nest
 from compiler.lower.make_api import make_api
@@ -154,3 +154,15 @@ def test_interval_analysis() -> None:
     found = symbolic_interval(o * 8 + i + j, {i: (IntImm(0), 8), j: (IntImm(0), 3)})
     assert found is not None
     assert found[1] == 10 and str(simplify(found[0])) == "o * 8"
+
+
+def test_interval_of_a_split_divided_by_its_factor_is_one_quotient() -> None:
+    """lo known modulo c: [o*4, o*4 + 4) // 4 is the one quotient o (bound inference of a
+    stage attached at a tile loop reads one tile, not two); otherwise the bound stays loose."""
+    i, o = Var("i"), Var("o")
+    inner: dict[Var, tuple[Expr, int]] = {i: (IntImm(0), 4)}
+    found = symbolic_interval((o * 4 + i) // 4, inner)
+    assert found is not None and found[1] == 1 and str(simplify(found[0])) == "o"
+    for start, quotients in ((o * 4 + 1, 2), (o * 8 + 3, 2), (o * 8 + 4, 1), (o, 2)):
+        found = symbolic_interval((start + i) // 4, inner)  # `o` alone: its residue unknown
+        assert found is not None and found[1] == quotients, start

@@ -87,3 +87,34 @@ def test_input_is_padded_to_whole_tiles() -> None:
     assert packed[0].shape == (1, 1, 10, 14, 16)
     np.testing.assert_array_equal(packed[0][0, 0, 1:8, 1:10, :], x[0].transpose(1, 2, 0))
     assert not packed[0][0, 0, 8:].any() and not packed[0][0, 0, :, 10:].any()
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_transforms_are_computed_in_halves_where_that_sums_fewer_terms(tile: int) -> None:
+    """F(4x4) computes d B then B^T (d B) per input tile, and M A then A^T (M A) per output
+    tile: the C reads each input vector once per non-zero of B^T's rows and columns (6 x 22),
+    not once per non-zero of B^T d B's 484 terms, and each product once per non-zero of A^T's
+    rows. F(2x2), as cheap either way, stays one stage."""
+    t = Conv2dWinogradTemplate()
+    shape = (1, 64, 8, 8, 32, 3, 3, 1, 1, 0)
+    space = t.config_space(shape)
+    config = next(
+        c
+        for c in (space.get(i) for i in range(len(space)))
+        if (c["tile"], c["ic_block"], c["oc_block"]) == (tile, 64, 32)
+    )
+    sch, args = t.instantiate(shape, config)
+    source = render_c([(lower(sch, args, "wino"), "wino")], vector_bytes=64)
+    body = source.split("wino(", 1)[1]
+    at, _, bt = winograd_matrices(tile)
+    nonzeros_b = sum(1 for row in bt for x in row if x)
+    nonzeros_a = sum(1 for row in at for x in row if x)
+    data_reads = body.count("kiln_vload_float32x16(&data[")
+    product_reads = body.count("kiln_vload_float32x16(&wino_mm[")
+    if tile == 4:
+        assert {s.name for s in sch.stages} >= {"wino_db", "wino_ma"}
+        assert data_reads == 4 * (tile + 2) * nonzeros_b  # 4 vectors of 16 input lanes
+        assert product_reads == 2 * (tile + 2) * nonzeros_a  # 2 vectors of 16 output lanes
+    else:
+        assert not {s.name for s in sch.stages} & {"wino_db", "wino_ma"}
+        assert data_reads == 4 * nonzeros_b**2  # every term, for each of the 4 vectors
