@@ -38,7 +38,7 @@ naive schedule of the plain-layout compute is the check reference); for the targ
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +48,9 @@ from compiler import te
 from compiler.codegen.vta import VTHREAD_CHOICES
 from compiler.codegen.vta_intrin import gemm_intrin
 from compiler.codegen.vta_lower import lower_program
-from compiler.ops.base import OpTemplate
 from compiler.ops.reference import naive_schedule
 from compiler.ops.space import Config, ConfigSpace, Knob
-from compiler.ops.vta_dense import _clipped, requant, requantize
+from compiler.ops.vta_dense import VtaOpTemplate, _clipped, requant, requantize
 from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.math import clamp
 from compiler.te.tensor import ComputeOp, IterVar, Tensor
@@ -261,15 +260,12 @@ def tiling_problem(g: ConvShape, tiling: ConvTiling, spec: VtaSpec) -> str | Non
     return None
 
 
-class VtaConv2dTemplate(OpTemplate):
+class VtaConv2dTemplate(VtaOpTemplate):
     """int8 y = requant(relu(conv2d(x, w) + bias)) on the accelerator; workload
     (C, H, W, O, K, stride, pad), batch 1."""
 
     name = "vta_conv2d"
     fields = ("c", "h", "w", "o", "k", "stride", "pad")
-
-    def __init__(self, spec: VtaSpec | None = None) -> None:
-        self.spec = spec or VtaSpec()
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         """The plain-layout compute (NCHW, OIHW): the host's check reference."""
@@ -323,12 +319,6 @@ class VtaConv2dTemplate(OpTemplate):
             rng.integers(-128, 128, w_shape, dtype=np.int8),
             rng.integers(-(1 << 16), 1 << 16, b_shape, dtype=np.int32),
         ]
-
-    def pack_inputs(
-        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
-    ) -> list[np.ndarray]:
-        """The inputs unchanged (the program's DRAM layouts block them, not the caller)."""
-        return [np.ascontiguousarray(a) for a in inputs]
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         """The output for stride 1 and no padding; `reference_for` knows the workload's."""

@@ -42,14 +42,25 @@ _TILE_N = (1, 2, 4, 8, 16)
 _TILE_K = (2, 4, 8, 16, 32)
 
 
-class VtaDenseTemplate(OpTemplate):
+class VtaOpTemplate(OpTemplate):
+    """What the accelerator's templates share: the spec they build for, and inputs passed as
+    they are (the program's DRAM layouts block them, not the caller)."""
+
+    def __init__(self, spec: VtaSpec | None = None) -> None:
+        self.spec = spec or VtaSpec()
+
+    def pack_inputs(
+        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """The inputs unchanged (the program's DRAM layouts block them, not the caller)."""
+        return [np.ascontiguousarray(a) for a in inputs]
+
+
+class VtaDenseTemplate(VtaOpTemplate):
     """int8 y = requant(relu(x @ w.T + bias)) on the accelerator; workload (M, N, K)."""
 
     name = "vta_dense"
     fields = ("m", "n", "k")
-
-    def __init__(self, spec: VtaSpec | None = None) -> None:
-        self.spec = spec or VtaSpec()
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         m, n, k = _mnk(shape)
@@ -82,12 +93,6 @@ class VtaDenseTemplate(OpTemplate):
             rng.integers(-128, 128, (n, k), dtype=np.int8),
             rng.integers(-(1 << 16), 1 << 16, (n,), dtype=np.int32),
         ]
-
-    def pack_inputs(
-        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
-    ) -> list[np.ndarray]:
-        """The inputs unchanged (the program's DRAM layouts block them, not the caller)."""
-        return [np.ascontiguousarray(a) for a in inputs]
 
     def reference(self, *inputs: np.ndarray) -> np.ndarray:
         x, w, bias = inputs

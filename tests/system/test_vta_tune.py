@@ -1,6 +1,7 @@
-"""`kiln tune-op vta_dense --key vta-sim` tunes on simulated cycles through a real tracker and a
-real `device_agent --backend vta_sim` agent: the device's `arch=vta` tag makes the target "vta",
-candidates are accelerator programs checked on the agent against a host-built reference.
+"""`kiln tune-op vta_dense|vta_conv2d --key vta-sim` tunes on simulated cycles through a real
+tracker and a real `device_agent --backend vta_sim` agent: the device's `arch=vta` tag makes the
+target "vta", candidates are accelerator programs (vta_conv2d's lowered from its TE schedule)
+checked on the agent against the host-built reference of the same tensor expression.
 
 Real `python -m tracker`, `python -m device_agent` and `python -m kiln` processes on 127.0.0.1
 (port 0), secured with a pool secrets file; every wait bounded; the servers ended by pid.
@@ -17,7 +18,8 @@ import pytest
 from kiln_cli import kiln
 from test_vta_sim_pool import vta_pool
 
-from compiler.ops.vta_dense import VtaDenseTemplate
+from compiler.ops.vta_conv2d import VtaConv2dTemplate
+from compiler.ops.vta_dense import VtaDenseTemplate, VtaOpTemplate
 from protos.auth import write_secrets
 from protos.vta import VtaSpec
 from tuner import records as rec
@@ -27,15 +29,22 @@ from tuner.measure.device_target import vta_records_name
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 SHAPE = (64, 64, 64)
+CASES = [
+    ("vta_dense", SHAPE, VtaDenseTemplate),
+    ("vta_conv2d", (32, 10, 10, 32, 3, 1, 1), VtaConv2dTemplate),
+]
 
 
-def test_tune_op_vta_dense_on_a_vta_sim_agent(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("op", "shape", "template_type"), CASES, ids=[c[0] for c in CASES])
+def test_tune_op_on_a_vta_sim_agent(
+    tmp_path: Path, op: str, shape: tuple[int, ...], template_type: type[VtaOpTemplate]
+) -> None:
     secrets_path = tmp_path / "pool.secrets"
     write_secrets(secrets_path)
     records_path = tmp_path / "R.jsonl"
     with vta_pool(tmp_path, secrets_path) as tracker_address:
         out = kiln(
-            "tune-op", "vta_dense", "--shape", ",".join(map(str, SHAPE)),
+            "tune-op", op, "--shape", ",".join(map(str, shape)),
             "--tracker", tracker_address, "--key", "vta-sim",
             "--token-file", str(secrets_path), "--trials", "8", "--records", str(records_path),
             timeout=240,
@@ -47,17 +56,18 @@ def test_tune_op_vta_dense_on_a_vta_sim_agent(tmp_path: Path) -> None:
     trials = [r for r in every if not r.confirmation]
     assert len(trials) == 8
     target = vta_records_name()  # the spec the agent simulates, the default one
+    # OK means the agent ran the program and its output equalled the host reference's
     assert all(r.status == Status.OK and r.target == target for r in every)
-    assert all(r.workload == rec.Workload("vta_dense", SHAPE) for r in every)
+    assert all(r.workload == rec.Workload(op, shape) for r in every)
 
-    template = VtaDenseTemplate()
-    space = template.config_space(SHAPE)
-    workload = rec.Workload("vta_dense", SHAPE)
-    best = rec.best(every, workload, target, len(space))
+    template = template_type()
+    space = template.config_space(shape)
+    best = rec.best(every, rec.Workload(op, shape), target, len(space))
     assert best is not None
     config = space.get(best.config_index)
     assert dict(config) == best.knobs
-    assert template.worth_measuring(SHAPE, config, "vta")
+    assert template.worth_measuring(shape, config, "vta")
+    assert len({r.result.samples_s[0] for r in trials}) > 1  # configs differ in simulated time
 
     # simulated cycles, not wall time: a config measured again (the confirmations) takes
     # exactly the time it took before, every sample alike
