@@ -19,16 +19,18 @@ Utilisation = useful GEMM cycles / total cycles; each best program is checked ag
 
 Last, the quantised ResNet-18 (`compiler.quantized.resnet`: int8 weights and activations, int32
 accumulation, shift-and-clip requantisation, seeded weights, 224x224) through a real pool: a
-`kiln-tracker` and a `kiln-agent --backend vta_sim` started here (`LocalPool`). Each distinct
-conv workload (and the dense head) is tuned on the pool on simulated cycles (`--trials` each,
-or read from `--records`), the network runs with every conv on the agent (im2col on this
-machine) and its logits are checked bit for bit against the numpy int8 reference. Its time is
-the accelerator's (the layers' simulated cycles at the spec's clock) plus the CPU part's (im2col,
-pooling, residual adds: host time, fastest round); the CPU-only time is the whole int8 network
-in numpy (`reference`: the GEMMs as exact float64 BLAS, one thread), timed interleaved with the
-CPU part, `--rounds` rounds each.
+`kiln-tracker` and a `kiln-agent --backend vta_sim` started here (`LocalPool`). Each distinct conv
+workload (and the dense head) is tuned on the pool on simulated cycles (`--trials` each, or read
+from `--records`), the network runs with every conv on the agent (im2col on this machine; with
+`--lowering direct` each conv is a `vta_conv2d` program lowered from its TE schedule, and this
+machine only transposes) and its logits are checked bit for bit against the numpy int8 reference.
+Its time is the accelerator's (the layers' simulated cycles at the spec's clock) plus the CPU
+part's (im2col, pooling, residual adds: host time, fastest round); the CPU-only time is the whole
+int8 network in numpy (`reference`: the GEMMs as exact float64 BLAS, one thread), timed interleaved
+with the CPU part, `--rounds` rounds each.
 
     python benchmarks/accel.py [--rounds 7] [--rows 16384] [--trials 32] [--records R.jsonl]
+                               [--lowering im2col|direct]
 
 Ends with one line:
 
@@ -59,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import kiln
 from compiler.ops.vta_dense import VtaDenseTemplate
+from compiler.quantized.accel import ConvLowering, DirectConv, Im2colDense
 from compiler.quantized.resnet import calibration_image, int8_resnet18, reference
 from device_agent.vta import image
 from device_agent.vta.sim import Kernel, Simulator, build, encode_code
@@ -176,7 +179,14 @@ def utilisation_table(sim: Simulator) -> tuple[float, float]:
     return float(np.exp(np.mean(np.log(hidden)))), float(np.exp(np.mean(np.log(plain))))
 
 
-def resnet18_int8(trials: int, records: str | None, rounds: int) -> float:
+LOWERINGS: dict[str, ConvLowering] = {"im2col": Im2colDense(), "direct": DirectConv()}
+_KNOB_LABELS = {"tile_m": "m", "tile_n": "n", "tile_k": "k", "tile_h": "h", "tile_w": "w",
+                "tile_oc": "oc", "tile_ic": "ic", "vthreads": "vt"}  # fmt: skip
+
+
+def resnet18_int8(
+    trials: int, records: str | None, rounds: int, lowering: ConvLowering = LOWERINGS["im2col"]
+) -> float:
     """Tune and run the quantised ResNet-18 on a local vta_sim pool, print its layers and the
     accelerator-vs-CPU table; the network's milliseconds on the accelerator, CPU part included."""
     net = int8_resnet18(image=224, seed=0)
@@ -189,21 +199,23 @@ def resnet18_int8(trials: int, records: str | None, rounds: int) -> float:
             kiln.Pool(local.tracker_address, key="vta-sim", token_file=local.secrets_path) as pool,
         ):
             start = time.perf_counter()
-            configs = tune_layers(pool, net, trials, records_path, TuneOptions(trials=trials))
+            options = TuneOptions(trials=trials)
+            configs = tune_layers(pool, net, trials, records_path, options, lowering)
             tune_s = time.perf_counter() - start
-            run = run_network(pool, net, picture, configs)
+            run = run_network(pool, net, picture, configs, lowering)
     if not np.array_equal(run.logits, expected):
         raise SystemExit("quantised ResNet-18: the pool's logits differ from the numpy reference")
     print(f"\nQuantised ResNet-18 (int8, 224x224) on a vta_sim agent through a tracker: "
           f"{len({layer.workload for layer in run.layers})} workloads tuned in {tune_s:.0f} s "
-          f"({trials} trials per workload); logits bit-exact with numpy")  # fmt: skip
-    print(f"{'layer':<20} {'M x N x K':>16} {'config':<18} {'cycles':>9} {'GEMM':>6} "
+          f"({trials} trials per workload, convs as {lowering.template} programs); logits "
+          f"bit-exact with numpy")  # fmt: skip
+    print(f"{'layer':<20} {'workload':>16} {'config':<24} {'cycles':>9} {'GEMM':>6} "
           f"{'load':>6} {'comp':>6} {'store':>6} {'ms':>7}")  # fmt: skip
     for layer in run.layers:
         c, cfg = layer.cycles, layer.config
-        tiles = f"m{cfg['tile_m']} n{cfg['tile_n']} k{cfg['tile_k']} vt{cfg['vthreads']}"
+        tiles = " ".join(f"{_KNOB_LABELS.get(k, k)}{v}" for k, v in cfg.items())
         print(
-            f"{layer.name:<20} {'x'.join(map(str, layer.workload)):>16} {tiles:<18} "
+            f"{layer.name:<20} {'x'.join(map(str, layer.workload)):>16} {tiles:<24} "
             f"{c.total_cycles:>9,} {c.gemm_utilisation:>6.3f} {c.utilisation('load'):>6.3f} "
             f"{c.utilisation('compute'):>6.3f} {c.utilisation('store'):>6.3f} "
             f"{layer.seconds * 1e3:>7.3f}"
@@ -213,7 +225,7 @@ def resnet18_int8(trials: int, records: str | None, rounds: int) -> float:
     # interleaved: the CPU part and the CPU-only network, one round each in turn
     cpu_part, cpu_only = [], []
     for _ in range(rounds):
-        cpu_part.append(cpu_seconds(net, picture, run, repeat=1))
+        cpu_part.append(cpu_seconds(net, picture, run, lowering, repeat=1))
         start = time.perf_counter()
         reference(net, picture)
         cpu_only.append(time.perf_counter() - start)
@@ -222,7 +234,7 @@ def resnet18_int8(trials: int, records: str | None, rounds: int) -> float:
     network_ms = accel_ms + part_ms
     print(f"accelerator: {total:,} cycles, GEMM utilisation {gemm / total:.3f}, {accel_ms:.2f} ms")
     print(f"{'':<28} {'fastest ms':>10} {'range ms':>16}")
-    for name, samples in (("CPU part (im2col, pool, add)", cpu_part),
+    for name, samples in ((f"CPU part ({'im2col' if lowering.template == 'vta_dense' else 'layout'}, pool, add)", cpu_part),
                           ("CPU-only int8 (numpy)", cpu_only)):  # fmt: skip
         lo, hi = min(samples) * 1e3, max(samples) * 1e3
         print(f"{name:<28} {lo:>10.2f} {f'{lo:.2f}-{hi:.2f}':>16}")
@@ -241,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--trials", type=int, default=32, help="tuning trials per ResNet-18 workload"
     )
     parser.add_argument("--records", help="records of earlier ResNet-18 tuning to reuse (JSONL)")
+    parser.add_argument(
+        "--lowering", choices=sorted(LOWERINGS), default="im2col",
+        help="the network's convs: im2col + vta_dense, or vta_conv2d lowered from TE",
+    )  # fmt: skip
     opts = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kiln-accel-") as state:
         sim = Simulator(build(state))
@@ -270,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         modules = ", ".join(m.name.lower() for m in Module)
         print(f"(cycles are the makespan of the {modules} modules running concurrently)")
         util, util_no_hiding = utilisation_table(sim)
-    network_ms = resnet18_int8(opts.trials, opts.records, opts.rounds)
+    network_ms = resnet18_int8(opts.trials, opts.records, opts.rounds, LOWERINGS[opts.lowering])
     print(
         f"\naccel: util_geomean={util:.3f} util_no_hiding_geomean={util_no_hiding:.3f} "
         f"sim_mcycles_per_s={speed[(True, Kernel.AUTO)]:.1f} resnet18_int8_ms={network_ms:.2f}"

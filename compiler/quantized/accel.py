@@ -1,10 +1,11 @@
 """A quantised network's convolutions as accelerator programs: one entry per layer, one artifact.
 
-A conv's *lowering* splits it between the CPU and the accelerator. Today's, `Im2colDense`, has the
-CPU build the im2col matrix (`int8_ops.im2col`) and the accelerator run the `vta_dense` GEMM
-(M = output pixels, N = output channels, K = kernel x kernel x cin) with the layer's bias and
-shift. A direct conv template would take the HWC input itself; switching a network to it is the
-one line `LOWERING = ...` (or the `lowering` argument).
+A conv's *lowering* splits it between the CPU and the accelerator. `Im2colDense` (the default,
+`LOWERING`) has the CPU build the im2col matrix (`int8_ops.im2col`) and the accelerator run the
+`vta_dense` GEMM (M = output pixels, N = output channels, K = kernel x kernel x cin) with the
+layer's bias and shift. `DirectConv` runs the `vta_conv2d` program lowered from its TE schedule:
+the accelerator reads the input tiles (and the padding) itself, the CPU only transposes HWC to
+CHW. A network takes one or the other with the `lowering` argument.
 
 Each layer's program is the template's generated program for the layer's tuned config, changed
 in two ways that leave its instructions' count, order and tokens alone (so the cycles a tuner
@@ -28,7 +29,8 @@ import numpy as np
 
 from compiler.artifact import ArgSpec, Artifact, Entry
 from compiler.codegen.vta import gemm_program
-from compiler.ops.vta_dense import ACCEL_FORMAT, tiling
+from compiler.ops.vta_conv2d import VtaConv2dTemplate
+from compiler.ops.vta_dense import ACCEL_FORMAT, SHIFT, tiling
 from compiler.quantized.int8_ops import INT8_MIN, im2col
 from compiler.quantized.resnet import Int8ResNet, QConv
 from protos.vta import VTA_TARGET, Alu, AluOp, VtaSpec
@@ -79,6 +81,34 @@ class Im2colDense:
         return bake(program, {"w": layer.weight, "bias": layer.bias})
 
 
+class DirectConv:
+    """The conv as a `vta_conv2d` program lowered from its TE schedule: the accelerator DMAs the
+    input tiles itself, with the zero ring of the padding; the CPU only moves HWC to CHW and
+    back. The template's programs are generated with `vta_dense.SHIFT`: the layer's shift (and
+    its signed clip, without ReLU) is set in the epilogue's immediates, which leaves the
+    instruction stream, and so the tuned cycles, as they were."""
+
+    template = "vta_conv2d"
+
+    def workload(self, layer: QConv) -> tuple[int, ...]:
+        h, w = layer.in_hw
+        return (layer.cin, h, w, layer.cout, layer.kernel, layer.stride, layer.pad)
+
+    def entry_input(self, layer: QConv, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x.transpose(2, 0, 1)[None])  # HWC -> NCHW, batch 1
+
+    def entry_output(self, layer: QConv, y: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(y[0].transpose(1, 2, 0))  # NCHW -> HWC
+
+    def program(self, layer: QConv, config: Mapping[str, Any], spec: VtaSpec) -> Program:
+        """Raises ValueError: the config's tiling cannot run this layer."""
+        program = VtaConv2dTemplate(spec).program(self.workload(layer), config)
+        program = requantize_epilogue(program, SHIFT, layer.shift, layer.relu)
+        k, cin = layer.kernel, layer.cin
+        oihw = layer.weight.reshape(layer.cout, k, k, cin).transpose(0, 3, 1, 2)  # (kh, kw, c)
+        return bake(program, {"w": np.ascontiguousarray(oihw), "bias": layer.bias})
+
+
 LOWERING: ConvLowering = Im2colDense()
 
 
@@ -94,20 +124,35 @@ def signed_epilogue(program: Program, shift: int) -> Program:
     Raises:
         ValueError: the program has no such pair (it was not generated with a ReLU epilogue).
     """
+    return requantize_epilogue(program, shift, shift, relu=False)
+
+
+def requantize_epilogue(program: Program, generated: int, shift: int, relu: bool) -> Program:
+    """`program`, generated with a ReLU-and-shift epilogue (MAX 0 then SHR `generated`,
+    immediates, over the same micro-ops), with each such pair made MAX 0, SHR `shift` (`relu`)
+    or SHR `shift`, MAX -128 (clip at -128 instead); each instruction keeps its flags, so the
+    stream's order, tokens and cycles are unchanged.
+
+    Raises:
+        ValueError: the program has no such pair (it was not generated with a ReLU epilogue).
+    """
     insns = list(program.insns)
     rewritten = 0
     for i in range(len(insns) - 1):
         a, b = insns[i], insns[i + 1]
         if (
             isinstance(a, Alu) and isinstance(b, Alu) and a.use_imm and b.use_imm
-            and a.op is AluOp.MAX and a.imm == 0 and b.op is AluOp.SHR and b.imm == shift
+            and a.op is AluOp.MAX and a.imm == 0 and b.op is AluOp.SHR and b.imm == generated
             and (a.uop_bgn, a.uop_end, a.iter_out, a.iter_in) == (b.uop_bgn, b.uop_end, b.iter_out, b.iter_in)
         ):  # fmt: skip
-            insns[i] = dataclasses.replace(a, op=AluOp.SHR, imm=shift)
-            insns[i + 1] = dataclasses.replace(b, op=AluOp.MAX, imm=INT8_MIN)
+            if relu:
+                insns[i + 1] = dataclasses.replace(b, imm=shift)
+            else:
+                insns[i] = dataclasses.replace(a, op=AluOp.SHR, imm=shift)
+                insns[i + 1] = dataclasses.replace(b, op=AluOp.MAX, imm=INT8_MIN)
             rewritten += 1
     if not rewritten:
-        raise ValueError("no ReLU-and-shift epilogue to make signed")
+        raise ValueError("no ReLU-and-shift epilogue to requantise")
     return dataclasses.replace(program, insns=tuple(insns))
 
 

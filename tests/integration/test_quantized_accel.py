@@ -12,8 +12,17 @@ import numpy as np
 import pytest
 
 from compiler.codegen.vta import GemmTiling, gemm_program
-from compiler.ops.vta_dense import VtaDenseTemplate
-from compiler.quantized.accel import LOWERING, entry_symbol, network_artifact, signed_epilogue
+from compiler.ops import get_template
+from compiler.ops.vta_dense import VtaOpTemplate
+from compiler.quantized.accel import (
+    LOWERING,
+    ConvLowering,
+    DirectConv,
+    Im2colDense,
+    entry_symbol,
+    network_artifact,
+    signed_epilogue,
+)
 from compiler.quantized.resnet import (
     Int8ResNet,
     QConv,
@@ -42,7 +51,7 @@ from tuner.measure import serde as tuner_serde
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
-TEMPLATE = VtaDenseTemplate()
+LOWERINGS: dict[str, ConvLowering] = {"im2col": Im2colDense(), "direct": DirectConv()}
 
 
 @pytest.fixture(scope="module")
@@ -55,33 +64,41 @@ def net() -> Int8ResNet:
     return int8_resnet18(image=32, width=16, classes=10, seed=0)
 
 
-def first_config(shape: tuple[int, ...], vthreads: int) -> dict[str, int]:
+def first_config(
+    shape: tuple[int, ...], vthreads: int, template: str = "vta_dense"
+) -> dict[str, int]:
     """The first config of the template's space with `vthreads` that fits the buffers."""
-    space = TEMPLATE.config_space(shape)
+    tmpl = get_template(template)
+    assert isinstance(tmpl, VtaOpTemplate)
+    space = tmpl.config_space(shape)
     for i in range(len(space)):
         config = space.get(i)
-        if config["vthreads"] == vthreads and TEMPLATE.worth_measuring(shape, config):
+        if config["vthreads"] == vthreads and tmpl.worth_measuring(shape, config):
             return dict(config)
     raise AssertionError(f"no config with {vthreads} vthreads for {shape}")
 
 
+@pytest.mark.parametrize("lowering", sorted(LOWERINGS))
 @pytest.mark.parametrize("vthreads", [1, 4])
 def test_every_layer_on_the_simulator_is_its_reference(
-    sim: Simulator, net: Int8ResNet, vthreads: int
+    sim: Simulator, net: Int8ResNet, vthreads: int, lowering: str
 ) -> None:
-    configs = {c.name: first_config(LOWERING.workload(c), vthreads) for c in net.convs()}
-    programs = decode_programs(network_artifact(net, configs).data)
+    lower = LOWERINGS[lowering]
+    configs = {
+        c.name: first_config(lower.workload(c), vthreads, lower.template) for c in net.convs()
+    }
+    programs = decode_programs(network_artifact(net, configs, lowering=lower).data)
     ran = []
 
     def conv(layer: QConv, x: np.ndarray) -> np.ndarray:
         program = programs[entry_symbol(layer)]
-        cols = LOWERING.entry_input(layer, x)
-        y = np.zeros((cols.shape[0], layer.cout), np.int8)
-        dram = image.make_image(program, [cols, y])
+        arg = lower.entry_input(layer, x)
+        y = np.zeros(program.args[-1].shape, np.int8)
+        dram = image.make_image(program, [arg, y])
         sim.run(program.spec, encode_code(program), dram)
-        image.read_back(program, dram, [cols, y])
+        image.read_back(program, dram, [arg, y])
         expected = reference_conv(layer, x)
-        assert np.array_equal(y.reshape(expected.shape), expected), layer.name
+        assert np.array_equal(lower.entry_output(layer, y), expected), layer.name
         ran.append(layer.relu)
         return expected
 

@@ -19,7 +19,7 @@ import pytest
 from test_vta_sim_pool import spawn, stop, vta_pool
 
 import kiln
-from compiler.quantized.accel import LOWERING
+from compiler.quantized.accel import LOWERING, DirectConv
 from compiler.quantized.resnet import calibration_image, int8_resnet18, reference
 from device_agent.backends.vta_sim import SPEC_ENV
 from kiln.accel_model import device_vta_spec, run_network, tune_layers
@@ -99,3 +99,26 @@ def test_a_quantised_resnet18_runs_through_the_pool_bit_exact(
     for a, b in zip(run.layers, run_b.layers, strict=True):
         assert b.seconds == pytest.approx(b.cycles.total_cycles / 200e6)
         assert b.cycles.gemm_cycles == a.cycles.gemm_cycles  # the same work on another clock
+
+
+def test_the_network_with_direct_convs_lowered_from_te_runs_bit_exact(tmp_path: Path) -> None:
+    """The same network with every conv a `vta_conv2d` program (the TE schedule's lowering, the
+    input DMA'd with its padding by the accelerator): tuned and run on the agent, exact."""
+    secrets_path = tmp_path / "pool.secrets"
+    write_secrets(secrets_path)
+    records_path = tmp_path / "R.jsonl"
+    net = int8_resnet18(image=32, width=16, classes=10, seed=0)
+    picture = calibration_image(32, seed=9)
+    options = TuneOptions(trials=TRIALS, batch_size=TRIALS, confirm=0)
+    direct = DirectConv()
+    with (
+        vta_pool(tmp_path, secrets_path) as tracker_address,
+        kiln.Pool(tracker_address, key="vta-sim", token_file=secrets_path) as pool,
+    ):
+        configs = tune_layers(pool, net, TRIALS, records_path, options, lowering=direct)
+        run = run_network(pool, net, picture, configs, lowering=direct)
+    assert np.array_equal(run.logits, reference(net, picture))
+    every = list(rec.load(records_path))
+    assert {r.workload.op for r in every} == {"vta_conv2d"}
+    assert {r.workload.shape for r in every} == {direct.workload(c) for c in net.convs()}
+    assert all(layer.cycles.gemm_cycles > 0 for layer in run.layers)
