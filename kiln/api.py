@@ -24,6 +24,7 @@ import numpy as np
 from kiln.pool import Pool
 from tuner.loop import Callback, TuneProgress, tune
 from tuner.measure.builder import Builder
+from tuner.measure.device_target import is_vta_target
 from tuner.measure.result import EvaluatorConfig
 from tuner.options import TuneOptions
 from tuner.records import RecordStore, Workload, open_store
@@ -37,6 +38,37 @@ if TYPE_CHECKING:
 
 # Short names for templates whose registered names carry their layout.
 OP_ALIASES = {"conv2d": "conv2d_nchwc", "conv2d_1x1": "conv2d_1x1_nchwc"}
+
+
+def for_target(task: Task, target: str) -> Task:
+    """`task` as the device of compile target `target` runs it: on an accelerator ("vta",
+    "vta/spec=..."), a float `conv2d` or `dense` becomes its int8 template (`vta_conv2d`
+    (C, H, W, O, K, stride, pad) or `vta_dense`, each with bias, ReLU and a requantising shift);
+    any other task is returned as it is. (Its workload keeps the default dtype, as `tune-op
+    vta_conv2d` writes it, so both spellings share records.)
+
+    Raises:
+        ValueError: an op the accelerator has no template for, or a conv it cannot take
+            (batch > 1, a non-square kernel, an epilogue other than 2: bias then ReLU).
+    """
+    if not is_vta_target(target):
+        return task
+    op, shape = task.workload.op, task.workload.shape
+    if op.startswith("vta_"):
+        return task
+    if op == "conv2d_nchwc":
+        n, ic, h, w, oc, kh, kw, stride, pad, epilogue = shape
+        if n != 1 or kh != kw or epilogue != 2:
+            raise ValueError(
+                f"target {target} runs an int8 conv of batch 1, a square kernel and epilogue 2 "
+                f"(bias, ReLU, requantised); got N={n} KH={kh} KW={kw} epilogue={epilogue}"
+            )
+        accel = Workload("vta_conv2d", (ic, h, w, oc, kh, stride, pad))
+    elif op == "dense":
+        accel = Workload("vta_dense", shape)
+    else:
+        raise ValueError(f"target {target} has no template for {op} (it runs conv2d and dense)")
+    return dataclasses.replace(task, workload=accel)
 
 
 def open_records(spec: str | os.PathLike[str]) -> RecordStore:
@@ -110,6 +142,7 @@ def tune_op(
     with _builder(pool, builder) as build, closing(pool.runner(evaluator)) as runner:
         # the space of the threads the builder builds for (the device's `threads` tag)
         task = dataclasses.replace(op_task(op, shape), threads=int(getattr(build, "threads", 1)))
+        task = for_target(task, build.target)
         return tune(task, build, runner, opts, records=records, callbacks=callbacks)
 
 

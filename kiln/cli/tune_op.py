@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOptions) -> TuneProgress:
     """Tune `task` on the flags' pool with a progress bar; Ctrl-C says where the records are."""
+    from kiln.api import for_target
     from kiln.cli.progress import ProgressBar
     from tuner.loop import builder_records_target, on_progress, tune
     from tuner.search import searcher_for
@@ -74,6 +75,14 @@ def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOption
         runner = stack.enter_context(closing(pool.runner(common.evaluator(args))))
         # the space of the threads the builder builds for (the device's `threads` tag)
         task = dataclasses.replace(task, threads=int(getattr(builder, "threads", 1)))
+        try:
+            accel = for_target(task, builder.target)
+        except ValueError as exc:
+            raise CliError.usage(str(exc)) from None
+        if accel is not task:
+            print(f"kiln: {task.workload.op} on {builder.target} tunes {accel.workload.op} "
+                  f"{','.join(map(str, accel.workload.shape))} (int8)", file=sys.stderr)  # fmt: skip
+            task = accel
         searcher, note = searcher_for(
             task, options, store, pool.target, builder_records_target(builder)
         )

@@ -100,3 +100,24 @@ def test_tune_op_on_a_device_of_another_spec_builds_for_that_spec(tmp_path: Path
     assert len(every) == 6
     assert all(r.status == Status.OK for r in every), [r.result.error for r in every]
     assert {r.target for r in every} == {vta_records_name(spec.key())} != {vta_records_name()}
+
+
+def test_tune_op_conv2d_on_a_vta_device_tunes_its_int8_template(tmp_path: Path) -> None:
+    """`kiln tune-op conv2d` names the float op; on an accelerator it becomes vta_conv2d."""
+    secrets_path = tmp_path / "pool.secrets"
+    write_secrets(secrets_path)
+    records_path = tmp_path / "R.jsonl"
+    with vta_pool(tmp_path, secrets_path) as tracker_address:
+        common = ["--tracker", tracker_address, "--key", "vta-sim", "--token-file",
+                  str(secrets_path), "--records", str(records_path)]  # fmt: skip
+        out = kiln("tune-op", "conv2d", "--shape", "1,32,10,10,32,3,3,1,1,2", "--trials", "4",
+                   "--confirm", "0", *common, timeout=240)  # fmt: skip
+        batch2 = kiln("tune-op", "conv2d", "--shape", "2,32,10,10,32,3,3,1,1,2", "--trials", "4",
+                      *common, timeout=240)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "conv2d_nchwc on vta tunes vta_conv2d 32,10,10,32,3,1,1 (int8)" in out.stderr
+    every = list(rec.load(records_path))
+    assert len(every) == 4 and all(r.status == Status.OK for r in every)
+    # the same workload `tune-op vta_conv2d --shape 32,10,10,32,3,1,1` records
+    assert {r.workload for r in every} == {rec.Workload("vta_conv2d", (32, 10, 10, 32, 3, 1, 1))}
+    assert batch2.returncode == 2 and "batch 1" in batch2.stderr
