@@ -3,6 +3,7 @@ one candidate costs at each step.
 
     .venv/bin/python benchmarks/throughput.py [--trials 64] [--batch 8] [--samples 16]
         [--templates dense,conv2d_winograd_nchwc,...] [--costs-only] [--evaluator default|light]
+        [--network-trials 0]
 
 Loop: `tune()` (XGBoost-guided search, pipelined: builds stream into measurement as they finish,
 on-device check on, records appended to a JSON-lines file) of dense 256 and a ResNet-18 conv
@@ -16,6 +17,13 @@ thread each) on 127.0.0.1; which goes first alternates by workload. Every run bu
 empty compile cache, and its workers are warmed (imports) before the clock.
 Both build for this machine's target class (what a Dask builder resolves "host" to).
 candidates/s = trials / wall time of `tune()`.
+
+Network (`--network-trials N`, off by default): `tune_network()` of ResNet-18 at 56x56 with the
+local builder on the same pool, N trials with the random searcher (so both ways measure nearly
+the same candidates), building each batch whole and then measuring it (`pipeline=False`) or
+streaming each batch's builds into measurement as they finish (`pipeline=True`), each run into
+an empty compile cache, in the order whole, streamed, streamed, whole; candidates/s = all
+trials / all wall time of a way. Prints a `network:` line before the last.
 
 Per-candidate costs (the "Scaling on paper" note in README.md uses them): for each template
 (COSTED: dense, the ResNet-18 layer as conv2d_nchwc and as conv2d_winograd_nchwc, a 1x1, a
@@ -51,15 +59,18 @@ from distributed import LocalCluster
 
 from compiler import build as compiler_build
 from compiler.artifact import Artifact
+from compiler.frontend.onnx import from_onnx
 from compiler.toolchain import CACHE_ENV, compile_shared, host_target_name
+from compiler.zoo import resnet18
 from tuner.loop import tune
 from tuner.measure import EvaluatorConfig
 from tuner.measure.builder import Builder, LocalBuilder
 from tuner.measure.dask_builder import DaskBuilder
 from tuner.measure.local_pool import LocalPool
 from tuner.measure.pool_runner import PoolConfig, PoolRunner
+from tuner.network.tune import tune_network
 from tuner.options import TuneOptions
-from tuner.records import Workload
+from tuner.records import FileRecords, Workload
 from tuner.task import Task
 
 DENSE = Workload("dense", (256, 256, 256))
@@ -178,6 +189,42 @@ def loop_run(
     return run
 
 
+def network_run(
+    pipeline: bool, config: PoolConfig, args: argparse.Namespace, target: str
+) -> tuple[int, float]:
+    """Trials and wall seconds of `tune_network` on ResNet-18 at 56x56 (local builder)."""
+    graph = from_onnx(resnet18(image=56))
+    with (
+        tempfile.TemporaryDirectory(prefix="kiln-throughput-") as tmp,
+        local_builder(args.cores, str(Path(tmp) / "cache"), target) as builder,
+    ):
+        builder.build(WARM_UP, list(range(args.cores * PER_UNIT)))  # imports, process starts
+        runner = PoolRunner(config, EVALUATORS[args.evaluator], devices=2)
+        store = FileRecords(Path(tmp) / "records.jsonl")
+        options = TuneOptions(
+            trials=args.network_trials,
+            batch_size=args.batch,
+            tuner="random",
+            pipeline=pipeline,
+            confirm=0,
+        )
+        try:
+            t0 = time.perf_counter()
+            result = tune_network(graph, builder, runner, options, store=store)
+            wall = time.perf_counter() - t0
+        finally:
+            runner.close()
+            store.close()
+    name = "streamed" if pipeline else "whole batch"
+    print(
+        f"  resnet18@56 network  {name:<11} {result.trials} trials in {wall:5.1f} s = "
+        f"{result.trials / wall:5.2f}/s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result.trials, wall
+
+
 @contextmanager
 def fresh_cache() -> Iterator[None]:
     saved = os.environ.get(CACHE_ENV)
@@ -285,6 +332,12 @@ def main() -> None:
         default="default",
         help="the loop's measurement: default (3 x >= 20 ms) or light (1 x >= 2 ms)",
     )
+    parser.add_argument(
+        "--network-trials",
+        type=int,
+        default=0,
+        help="trials of a ResNet-18 network tuning run, whole-batch and streamed (0: none)",
+    )
     args = parser.parse_args()
     args.cores = len(os.sched_getaffinity(0))
     target = host_target_name()
@@ -321,6 +374,9 @@ def main() -> None:
         for n, (case, workload) in enumerate(LOOP_CASES):
             for name, make in builders if n % 2 == 0 else builders[::-1]:
                 runs.append(loop_run(name, make, case, workload, config, args, target))
+        network: dict[bool, list[tuple[int, float]]] = {False: [], True: []}
+        for pipeline in (False, True, True, False) if args.network_trials > 0 else ():
+            network[pipeline].append(network_run(pipeline, config, args, target))
 
     print(
         f"\nwhole loop, {args.trials} trials in batches of {args.batch}, 2 agents, {args.cores} cores, "
@@ -342,6 +398,15 @@ def main() -> None:
     print(
         f"search (ask + tell) per candidate: {statistics.median(searches) * 1e3:.1f} ms (median of runs)"
     )
+    if network[True]:
+        whole, streamed = (
+            sum(n for n, _ in network[way]) / sum(s for _, s in network[way])
+            for way in (False, True)
+        )
+        print(
+            f"network: resnet18@56 candidates_per_s_whole_batch={whole:.2f} "
+            f"candidates_per_s_streamed={streamed:.2f}"
+        )
     dense = {r.builder: r for r in runs if r.case == LOOP_CASES[0][0]}
     print(
         f"throughput: candidates_per_s_local={dense['local'].per_s:.1f} "

@@ -267,10 +267,18 @@ def run_batch(
     indices: Sequence[int],
     progress: TuneProgress,
     check: bool,
+    stream: bool = False,
 ) -> list[MeasureResult]:
     """Build and measure `indices`, each checked against its reference on the device when
-    `check`; one result per index (a failed build is a BUILD_ERROR result), with the time spent
-    added to `progress`. Shared by `tune` and network tuning."""
+    `check`; one result per index, in order (a failed build is a BUILD_ERROR result), with the
+    time spent added to `progress`. Shared by `tune` and network tuning.
+
+    With `stream` and a streaming builder, candidates are measured as their builds finish
+    (`measure_stream`), so one slow build holds up only itself and a unit past the builder's
+    `timeout_s` is a BUILD_ERROR; otherwise the whole batch is built, then measured."""
+    if stream and isinstance(builder, StreamingBuilder):
+        started = builder.submit(task.workload, indices, check=check)
+        return measure_stream(runner, indices, started, progress)
     built, seconds = timed_build(builder, task, indices, check)
     progress.build_s += seconds
     return measure_built(runner, built, progress)
@@ -497,9 +505,7 @@ def _tune(
                 indices, stream = ahead
                 ahead = None
             if stream is None:
-                built, seconds = timed_build(builder, task, indices, options.check)
-                progress.build_s += seconds
-                results = measure_built(runner, built, progress)
+                results = run_batch(task, builder, runner, indices, progress, options.check)
             else:
                 assert thread is not None
                 room = n_trials - progress.trials - len(indices)

@@ -12,6 +12,13 @@ and tells the searcher, so a task's search continues across its batches. A task'
 restricted to those keeping the graph's channel blocks (`ic_block`, `oc_block`, `c_block`): the
 model builder refuses any other.
 
+With `TuneOptions.pipeline` and a streaming builder, a batch's candidates are measured as their
+builds finish (`tuner.loop.run_batch` with `stream`, as `tune` does): one slow build holds up
+only itself, and a unit past the builder's `timeout_s` is a BUILD_ERROR. The batch's records are
+still appended and told in the order asked, once the whole batch is in. Without it (the
+default), a batch is built whole and then measured, so no build shares the cores with a
+measurement. Confirmation rounds are never streamed: their measuring order is part of them.
+
 Resume: each task's earlier records in the store (same workload and target, today's config
 space) are told to its searcher before the run, never measured again, and count toward
 `total_trials`. The scheduler starts from each resumed task's trials and best (its `prior`), so
@@ -220,6 +227,7 @@ class _TaskRun:
     store: RecordStore | None
     target: str
     check: bool
+    stream: bool
     progress: TuneProgress = field(default_factory=TuneProgress)
     measured: set[int] = field(default_factory=set)
 
@@ -243,7 +251,9 @@ class _TaskRun:
         indices = [i for i in dict.fromkeys(asked) if i not in self.measured]
         if not indices:
             return []
-        results = run_batch(task, self.builder, self.runner, indices, self.progress, self.check)
+        results = run_batch(
+            task, self.builder, self.runner, indices, self.progress, self.check, self.stream
+        )
         stamp = rec.now_iso()
         size = len(task.space)
         batch = [
@@ -308,7 +318,8 @@ def tune_network(
         builder, runner: build and measure candidates; records carry `builder.target`'s name.
         options: `trials` is the budget over all tasks (resumed records included), `batch_size`
             candidates per scheduler allocation, `early_stop` per task, `confirm` per task at
-            the end, `seed` seeds the scheduler and every searcher, `check` the on-device check.
+            the end, `seed` seeds the scheduler and every searcher, `check` the on-device check,
+            `pipeline` streams each batch's builds into measurement.
         store: records are appended here per batch (None: kept in memory only).
         searcher_factory: makes each task's searcher (default: `options.tuner`).
         on_batch: called after every batch with a `ModelTuneStep`.
@@ -347,6 +358,7 @@ def tune_network(
             store,
             records_target,
             options.check,
+            options.pipeline,
         )
         for mt in tunable
     ]
