@@ -191,8 +191,8 @@ def models(
             why = output_mismatch(natives[n].run(), reference, 1e-3)
             if why is not None:
                 raise AssertionError(f"{name} on {n} threads: {why}")
-        # Each build on its own thread count: a one-thread build still has parallel loops in
-        # its large elementwise kernels (`group_kernel`), which must not take the other cores.
+        # Each build on its own thread count (a one-thread build has no parallel loop; this
+        # keeps the process's OpenMP setting from deciding what a build is timed on).
         calls = [
             *((f"ours{n}", with_threads(natives[n].call, n)) for n in counts),
             *((f"ort{n}", peers[n].call) for n in counts),

@@ -217,7 +217,7 @@ class FunctionWriter:
         self._in_parallel = True
         for c in stmts:
             if isinstance(c, For) and c.kind is ForKind.PARALLEL:
-                lines.append(f"{pad}  #pragma omp for schedule(static)")
+                lines.append(f"{pad}  #pragma omp for {_omp_schedule(c)}")
                 lines += self.plain_loop(c, depth + 1, [])
             else:
                 lines += [f"{pad}  #pragma omp single", f"{pad}  {{"]
@@ -450,7 +450,7 @@ class FunctionWriter:
 
     def parallel_region(self, s: For, depth: int) -> list[str]:
         self._in_parallel = True
-        lines = self.plain_loop(s, depth, ["#pragma omp parallel for schedule(static)"])
+        lines = self.plain_loop(s, depth, [f"#pragma omp parallel for {_omp_schedule(s)}"])
         self._in_parallel = False
         return lines
 
@@ -459,6 +459,16 @@ class FunctionWriter:
         v = self.name(s.var)
         header = f"{pad}for ({_ctype(s.var.dtype)} {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{"
         return [*(pad + p for p in pragmas), header, *self.stmt(s.body, depth + 1), f"{pad}}}"]
+
+
+def _omp_schedule(s: For) -> str:
+    """The OpenMP schedule clause of parallel loop `s`: static, in chunks of its "omp_chunk"."""
+    chunk = dict(s.pragmas).get("omp_chunk")
+    if chunk is None:
+        return "schedule(static)"
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise CodegenError(f"loop {s.var.name}: omp_chunk must be a positive int, not {chunk!r}")
+    return f"schedule(static, {chunk})"
 
 
 class _RegisterKey:

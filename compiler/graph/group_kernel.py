@@ -9,7 +9,8 @@
 - the schedule (default, untuned): every injective intermediate is `compute_inline`d into its
   readers; a reduction that is not an output is computed inside the output's loop over the
   leading axes it is indexed by identically (a softmax's row max and sum inside the row loop),
-  else at the root; each output's leading axes are fused into one `parallel` loop when it is
+  else at the root; with `parallel` (the model builder passes it for builds of more than one
+  thread only), each output's leading axes are fused into one `parallel` loop when it is
   large enough, and its innermost axis (and that of a reduction computed inside it, when it
   has axes of its own there) is split by 16 or 8 (whichever divides it) and vectorized; a
   reduction is vectorized only when its reads stay contiguous in the lane (NCHW[x]c pools and

@@ -35,6 +35,7 @@ from compiler.graph.registry import Category, get_op
 from compiler.graph.tasks import AnchorWorkload, TaskKey, anchor_workload, fused_relu
 from compiler.graph.te_ops import TE_COMPUTES
 from compiler.ir import expr as E
+from compiler.ir.stmt import ForKind
 from compiler.ops import op_templates
 from compiler.ops.base import (
     NO_PARALLEL,
@@ -43,7 +44,7 @@ from compiler.ops.base import (
     register_file,
     threaded_space,
 )
-from compiler.ops.space import Config
+from compiler.ops.space import Config, ConfigSpace
 from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.tensor import Tensor
 
@@ -66,6 +67,11 @@ class Step:
 # An untuned kernel of fewer FLOPs than this stays on one thread on a multi-thread build: an
 # OpenMP region costs 12-21 us to open here (REFERENCE.md), a few percent of a kernel this size.
 PARALLEL_MIN_FLOP = 2e6
+# A parallel loop whose iterations share out over the threads at least this evenly is taken
+# as it is: 3 output-channel blocks on 2 threads (0.75) waste a quarter of the threads' time,
+# 9 blocks (0.9) a tenth, so a choice that fuses in more loops (more, smaller chunks) is taken
+# instead.
+PARALLEL_MIN_BALANCE = 0.95
 
 
 def default_config(
@@ -80,15 +86,67 @@ def default_config(
 
     `blocks` pins the layout knobs (ic_block, oc_block, c_block) to the graph's layout. The
     first config with those values is the answer when no config is worth measuring. On more
-    than one thread the kernel runs its outermost output loop in parallel (the template's
-    first parallel choice after "none") unless it is below PARALLEL_MIN_FLOP.
+    than one thread a kernel of PARALLEL_MIN_FLOP or more runs its outer output loops in
+    parallel: of the template's parallel choices (after "none") that have a config worth
+    measuring, the first whose parallel loop shares out evenly over the threads
+    (`parallel_balance` at least PARALLEL_MIN_BALANCE), else the best balanced one; when none
+    leaves anything to share, "none".
     """
     space = threaded_space(template, workload, threads)
-    pinned: dict[str, object] = dict(blocks)
     parallel = next((k for k in space.knobs if k.name == PARALLEL_KNOB), None)
-    if parallel is not None:
-        big = template.flop(workload) >= PARALLEL_MIN_FLOP
-        pinned[PARALLEL_KNOB] = parallel.choices[1] if big else NO_PARALLEL
+    if parallel is None:
+        return _first_config(template, workload, target, space, blocks)[0]
+    serial = {**blocks, PARALLEL_KNOB: NO_PARALLEL}
+    if template.flop(workload) < PARALLEL_MIN_FLOP:
+        return _first_config(template, workload, target, space, serial)[0]
+    candidates = [
+        _first_config(template, workload, target, space, {**blocks, PARALLEL_KNOB: choice})
+        for choice in parallel.choices[1:]
+    ]
+    worth = [config for config, plausible in candidates if plausible]
+    if not worth:  # nothing plausible under any choice: the first choice's first config
+        return candidates[0][0]
+    best: tuple[float, Config] | None = None
+    for config in worth:
+        balance = parallel_balance(template, workload, config, threads)
+        if balance >= PARALLEL_MIN_BALANCE:
+            return config
+        if best is None or balance > best[0]:
+            best = (balance, config)
+    assert best is not None
+    if best[0] == 0.0:  # no choice leaves anything to share out
+        return _first_config(template, workload, target, space, serial)[0]
+    return best[1]
+
+
+def parallel_balance(
+    template: OpTemplate, workload: tuple[int, ...], config: Config, threads: int
+) -> float:
+    """How evenly `config`'s parallel loop shares out over `threads` threads: its iterations
+    over `threads` times the most any thread runs (1.0: even; 0.75: 3 iterations on 2
+    threads); 0.0 when it has no parallel loop of more than one iteration."""
+    sch, _ = template.instantiate(workload, config)
+    extents = [
+        int(axis.extent)
+        for stage in sch.stages
+        for axis, kind in stage.kinds.items()
+        if kind is ForKind.PARALLEL
+    ]
+    iterations = min(extents, default=1)
+    if iterations < 2:
+        return 0.0
+    return iterations / (threads * -(-iterations // threads))
+
+
+def _first_config(
+    template: OpTemplate,
+    workload: tuple[int, ...],
+    target: str,
+    space: ConfigSpace,
+    pinned: Mapping[str, object],
+) -> tuple[Config, bool]:
+    """The first config of `space` with the `pinned` knob values that is worth measuring, else
+    the first with them; and whether it is worth measuring."""
     first: Config | None = None
     for i in range(len(space)):
         config = space.get(i)
@@ -97,10 +155,10 @@ def default_config(
         if first is None:
             first = config
         if template.worth_measuring(workload, config, target):
-            return config
+            return config, True
     if first is None:
-        raise GraphError(f"{template.name}{workload}: no config has the layout's blocks {blocks}")
-    return first
+        raise GraphError(f"{template.name}{workload}: no config has the layout's blocks {pinned}")
+    return first, False
 
 
 def logical_weight(template: str, packed: np.ndarray) -> np.ndarray:
@@ -146,7 +204,9 @@ class _Lowering:
     # -- steps ----------------------------------------------------------------------------------
 
     def add_group_kernel(self, group: FusedGroup, role: str) -> None:
-        sch, args, _ = group_kernel(self.values, group)
+        # A one-thread build has no parallel loop anywhere: its elementwise kernels must not
+        # take the other cores of a process whose OpenMP runs more threads.
+        sch, args, _ = group_kernel(self.values, group, parallel=self.threads > 1)
         kernel = Kernel(sch, args, self.symbol(group, role))
         self.steps.append(Step(kernel, group.index, role, group.inputs, group.outputs))
 

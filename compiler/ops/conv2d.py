@@ -18,6 +18,8 @@ On more than one thread the `parallel` knob (see `base.threaded_space`) runs the
 outer loops on OpenMP's threads: "outer" the batch fused with the next loop (output-channel
 blocks, or rows of tiles with oc_order "inner"), "fused" with the next two (more, smaller
 chunks). Every reduction stays inside one output tile, so no two threads add into one output.
+A choice whose fused loop includes a tile loop that the tile does not divide is not worth
+measuring (`parallel_splits_a_tail`): that tail cannot be partitioned out of a fused loop.
 """
 
 from __future__ import annotations
@@ -253,6 +255,8 @@ class Conv2dNCHWcTemplate(OpTemplate):
 
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         rows = int(config["oh_tile"]) if "oh_tile" in config else 1
+        if self.parallel_splits_a_tail(shape, config, self.is_flat(config)):
+            return False
         if self.is_flat(config):
             # the flat tile has no rows: one config stands for all
             return rows == 1 and self.flat_tile_fits(shape, config, target)
@@ -266,6 +270,23 @@ class Conv2dNCHWcTemplate(OpTemplate):
         # Measured on AVX-512: 28-vector conv tiles ran at half the speed of 14-vector ones.
         limit = min(CONV_MAX_TILE, regs.max_accumulators)
         return register_tile_fits(int(config["reg_n"]) * rows * vectors, most, limit)
+
+    def parallel_splits_a_tail(self, shape: tuple[int, ...], config: Config, flat: bool) -> bool:
+        """Whether `config`'s parallel loop fuses a tile loop whose tile does not divide it:
+        the last tile can then not be a loop of its own (loop partition), and every tile of the
+        fused loop takes a min() bound and loses its unrolled register tile."""
+        parallel = parallel_of(config)
+        if parallel == NO_PARALLEL:
+            return False
+        oh, ow = self.geometry(shape)[-2:]
+        reg_n = int(config["reg_n"])
+        if flat:  # loops b, oco, po (oc_order "outer") or b, po, oco
+            tails = [False, False, (oh * ow) % reg_n != 0]
+        else:  # loops b, oco, oho, owo or b, oho, owo, oco
+            tails = [False, False, oh % int(config.get("oh_tile", 1)) != 0, ow % reg_n != 0]
+        if config.get("oc_order", "outer") != "outer":
+            tails = [tails[0], *tails[2:], tails[1]]
+        return any(tails[: PARALLEL_LOOPS[parallel]])
 
     def flat_tile_fits(self, shape: tuple[int, ...], config: Config, target: str) -> bool:
         """Whether `config`'s flat tile of reg_n pixels x its block's vectors fits `target`'s
@@ -450,6 +471,8 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
     def worth_measuring(self, shape: tuple[int, ...], config: Config, target: str = "host") -> bool:
         if not self.flat(shape):
             return super().worth_measuring(shape, config, target)
+        if self.parallel_splits_a_tail(shape, config, flat=True):
+            return False
         return self.flat_tile_fits(shape, config, target)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
