@@ -52,18 +52,8 @@ def _gomp() -> ctypes.CDLL:
 
 def step_timer(native: NativeModel, plan: ModelPlan, index: int) -> Callable[[int], float]:
     """The fastest of REPEATS repeats of `number` calls of step `index`, in seconds a call."""
-    step, g = plan.steps[index], plan.graph
-    addresses = []
-    for v in (*step.reads, *step.writes):
-        if v in g.inputs:
-            addresses.append(native.inputs[g.inputs.index(v)].ctypes.data)
-        elif v in g.outputs:
-            addresses.append(native.outputs[g.outputs.index(v)].ctypes.data)
-        elif v in plan.values.constants:
-            addresses.append(native.params[plan.params.index(v)].ctypes.data)
-        else:
-            addresses.append(native.workspace.ctypes.data + plan.memory.offset(v))
-    args = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+    step = plan.steps[index]
+    args = native.step_args(plan, step)
     timer = abi.bind_timing(native.lib, native.model.artifact.entries[index].timing_symbol)
 
     def run(number: int) -> float:

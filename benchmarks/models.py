@@ -193,22 +193,10 @@ def kernel_seconds(
     built = [e.symbol for e in native.model.artifact.entries if e.symbol != MODEL_ENTRY]
     if symbols != built:
         raise ValueError("the plan's kernels differ from the artifact's: not its plan")
-    g = plan.graph
     groups = {grp.index: grp for grp in plan.fusion.groups}
-    base = native.workspace.ctypes.data
     out: list[KernelTime] = []
     for step in plan.steps:
-        addresses = []
-        for v in (*step.reads, *step.writes):
-            if v in g.inputs:
-                addresses.append(native.inputs[g.inputs.index(v)].ctypes.data)
-            elif v in g.outputs:
-                addresses.append(native.outputs[g.outputs.index(v)].ctypes.data)
-            elif v in plan.values.constants:
-                addresses.append(native.params[plan.params.index(v)].ctypes.data)
-            else:
-                addresses.append(base + plan.memory.offset(v))
-        args = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+        args = native.step_args(plan, step)
         timer = abi.bind_timing(native.lib, native.model.artifact.entries[len(out)].timing_symbol)
         cfg = abi.TimingConfigC(
             warmup=1,

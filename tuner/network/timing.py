@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from compiler.graph.build_model import ModelArtifact
+from compiler.graph.build_model import ModelArtifact, ModelPlan
+from compiler.graph.model_kernels import Step
 
 ALIGNMENT = 64  # bytes: what `kiln_model_run` requires of the workspace
 
@@ -84,6 +85,23 @@ class NativeModel:
         rc = self._fn(*self._args)
         if rc != 0:
             raise RuntimeError(f"{self.model.entry} returned {rc}")
+
+    def step_args(self, plan: ModelPlan, step: Step) -> ctypes.Array[ctypes.c_void_p]:
+        """The argument array of one kernel of `plan` (the plan this model was built from):
+        the address of each value the step reads and writes, a model input or output, a
+        param, or its place in the planned workspace. For timing kernels one by one."""
+        g = plan.graph
+        addresses = []
+        for v in (*step.reads, *step.writes):
+            if v in g.inputs:
+                addresses.append(self.inputs[g.inputs.index(v)].ctypes.data)
+            elif v in g.outputs:
+                addresses.append(self.outputs[g.outputs.index(v)].ctypes.data)
+            elif v in plan.values.constants:
+                addresses.append(self.params[plan.params.index(v)].ctypes.data)
+            else:
+                addresses.append(self.workspace.ctypes.data + plan.memory.offset(v))
+        return (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
 
     def run(self) -> list[np.ndarray]:
         """One run; copies of the outputs (bool outputs as bool)."""
