@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from protos import common_pb2, tracker_pb2, tracker_pb2_grpc
+from tracker import listing
 from tracker.config import TrackerConfig
 from tracker.errors import StoreUnavailable
 from tracker.server import ServingTracker, create_server
@@ -317,7 +318,7 @@ def test_list_devices_pages_by_id_and_the_client_follows_every_page(
     )
     assert [d.spec.device_id for d in second.devices] == ["a/10", "a/100"]
     default = stub.ListDevices(tracker_pb2.ListDevicesRequest(), timeout=5)
-    assert len(default.devices) == 500 and default.next_page_token
+    assert len(default.devices) == listing.DEFAULT_PAGE_SIZE and default.next_page_token
     last = stub.ListDevices(
         tracker_pb2.ListDevicesRequest(page_size=1000, page_token="c/5"), timeout=5
     )
