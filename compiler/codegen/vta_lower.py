@@ -37,8 +37,7 @@ that is not affine, a buffer that overflows its on-chip memory, a field that doe
 from __future__ import annotations
 
 import itertools
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +47,7 @@ from compiler.codegen.vta_intrin import GEMM_INTRIN
 from compiler.ir import expr as E
 from compiler.ir.buffer import Buffer as IrBuffer
 from compiler.ir.function import PrimFunc
+from compiler.ir.interpreter import BINARY_OPS
 from compiler.ir.stmt import Allocate, Barrier, For, IfThenElse, IntrinCall, Seq, Stmt, Store
 from compiler.lower.flatten import flatten
 from compiler.lower.loop_nest import build_loop_nest
@@ -136,23 +136,6 @@ def _up(offset: int) -> int:
     return -(-offset // _ALIGN) * _ALIGN
 
 
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    E.Add: operator.add,
-    E.Sub: operator.sub,
-    E.Mul: operator.mul,
-    E.FloorDiv: operator.floordiv,
-    E.FloorMod: operator.mod,
-    E.Min: min,
-    E.Max: max,
-    E.LT: operator.lt,
-    E.LE: operator.le,
-    E.EQ: operator.eq,
-    E.NE: operator.ne,
-    E.And: lambda a, b: a and b,
-    E.Or: lambda a, b: a or b,
-}
-
-
 def _eval(e: E.Expr, env: dict[E.Var, int]) -> int:
     """An index expression's value (host-side loops are plain integers)."""
     kind = type(e)
@@ -160,7 +143,7 @@ def _eval(e: E.Expr, env: dict[E.Var, int]) -> int:
         return e.value  # type: ignore[attr-defined]
     if kind is E.Var:
         return env[e]  # type: ignore[index]
-    op = _BINARY.get(kind)
+    op = BINARY_OPS.get(kind)
     if op is not None:
         return int(op(_eval(e.a, env), _eval(e.b, env)))  # type: ignore[attr-defined]
     if kind is E.Cast:

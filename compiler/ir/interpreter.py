@@ -32,7 +32,9 @@ from compiler.ir.stmt import (
     Store,
 )
 
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+# Python's meaning of each binary op (C's truncating Div and Mod on integers); also what the VTA
+# code generator evaluates host-side index expressions with.
+BINARY_OPS: dict[type, Callable[[Any, Any], Any]] = {
     E.Add: operator.add,
     E.Sub: operator.sub,
     E.Mul: operator.mul,
@@ -106,7 +108,7 @@ class _Interpreter:
         self.env: dict[E.Var, Any] = {}
 
     def eval(self, e: E.Expr) -> Any:
-        op = _BINARY.get(type(e))
+        op = BINARY_OPS.get(type(e))
         if op is not None:
             assert isinstance(e, E.BinaryOp)
             value = op(self.eval(e.a), self.eval(e.b))
