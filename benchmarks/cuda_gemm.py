@@ -16,7 +16,6 @@ Needs a GPU and nvcc; without them it says so and exits 2.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import statistics
 import sys
@@ -31,12 +30,12 @@ from compiler.codegen.cuda import render_cuda
 from compiler.errors import CompilerError
 from compiler.ops.cuda_gemm import GEMM_CONFIGS, GemmConfig, cuda_gemm
 from compiler.toolchain import compile_cuda, find_nvcc
-from device_agent.cuda_driver import Cublas, CudaError, Gpu
+from device_agent.backends.cuda_driver import Cublas, CudaError, Gpu
 
 Dims = tuple[int, int, int]
 
 
-def _kernel(gpu: Gpu, n: int, cfg: GemmConfig, arch: str) -> tuple[ctypes.c_void_p, Dims, Dims]:
+def _kernel(gpu: Gpu, n: int, cfg: GemmConfig, arch: str) -> tuple[int, Dims, Dims]:
     kernel = render_cuda(cuda_gemm(n, n, n, cfg), "gemm")
     fn = gpu.load_function(compile_cuda(kernel.source, arch), "gemm")
     return fn, kernel.grid, kernel.block
@@ -72,7 +71,7 @@ def main() -> int:
         if n <= 1024:
             np.testing.assert_allclose(want, a_h @ b_h, rtol=1e-3, atol=1e-3 * np.sqrt(n))
         scale = float(np.abs(want).max())
-        best: tuple[float, GemmConfig, ctypes.c_void_p, Dims, Dims] | None = None
+        best: tuple[float, GemmConfig, int, Dims, Dims] | None = None
         for cfg in GEMM_CONFIGS:
             try:
                 fn, grid, block = _kernel(gpu, n, cfg, arch)

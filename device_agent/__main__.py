@@ -1,6 +1,7 @@
 """kiln-agent: serve this machine's devices to a Kiln pool.
 
-    kiln-agent --tracker HOST:PORT --key KEY [--tag k=v ...] [--backend cpu|qemu|null] [--devices N]
+    kiln-agent --tracker HOST:PORT --key KEY [--tag k=v ...] [--backend cpu|qemu|cuda|vta_sim|null]
+               [--devices N|all] [--gpus 0,2]
                [--token-file F] [--insecure] [--tls-cert C --tls-key K [--tls-client-ca CA]]
                [--tracker-tls-ca CA [--tracker-tls-cert C --tracker-tls-key K]]
                [--listen 127.0.0.1:0] [--advertise-host 127.0.0.1] [--cache-dir D]
@@ -13,6 +14,11 @@
 of cores ("0-3", "0,2,4-5"; sets disjoint) and tags the device `threads=<cores in the set>`: its
 kernels run on that many OpenMP threads, one bound to each core, and its records carry the
 count. Several devices of one host take disjoint sets.
+
+`--backend cuda` serves GPUs, one device each: `--devices all` serves every GPU the driver sees,
+`--gpus 0,2` those ordinals, `--devices N` the first N; each device's executor child sees only its
+GPU ($CUDA_VISIBLE_DEVICES), and its tags say which (gpu, sm, memory_mib, sm_clock_mhz, ...).
+$KILN_CUDA_DRIVER=fake runs it on a fake driver instead (a test seam: `driver=fake`, emulated).
 
 Without --tracker the agent serves standalone. Without --token-file it runs open (dev mode: any
 caller may upload and run code) and so refuses a non-loopback --listen unless --insecure is given.
@@ -54,6 +60,32 @@ def _tag(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"tag must look like key=value, got {text!r}")
     return key, value
+
+
+def _devices(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--devices wants a number or 'all', got {text!r}"
+        ) from None
+
+
+def parse_indices(text: str) -> tuple[int, ...]:
+    """A list of device indices like "0,2" (distinct, >= 0).
+
+    Raises:
+        ValueError: a malformed list, a negative or a repeated index.
+    """
+    try:
+        indices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--gpus wants a list like 0,2; got {text!r}") from None
+    if min(indices) < 0 or len(set(indices)) != len(indices):
+        raise ValueError(f"--gpus {text}: indices must be distinct and >= 0")
+    return indices
 
 
 def parse_core_set(text: str) -> tuple[int, ...]:
@@ -135,7 +167,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--key", required=True, help='what clients ask for, e.g. "x86-avx512"')
     p.add_argument("--tag", type=_tag, action="append", default=[], help="extra device tag k=v")
     p.add_argument("--backend", default=defaults.backend, help="cpu, qemu, null, ...")
-    p.add_argument("--devices", type=int, default=defaults.devices)
+    p.add_argument(
+        "--devices",
+        type=_devices,
+        default=defaults.devices,
+        help="how many devices to serve; 'all': one per GPU (backends with devices of their own)",
+    )
+    p.add_argument("--gpus", default="", help="serve these GPUs (ordinals, e.g. 0,2), one each")
     p.add_argument("--listen", default="127.0.0.1:0", help="address to bind; port 0 picks one")
     p.add_argument("--advertise-host", default=defaults.advertise_host)
     p.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
@@ -203,8 +241,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
-    if args.devices < 1:
-        p.error("--devices must be at least 1")
+    all_devices = args.devices == "all"
+    if not all_devices and args.devices < 1:
+        p.error("--devices must be at least 1 (or all)")
+    try:
+        args.gpus = parse_indices(args.gpus) if args.gpus else ()
+    except ValueError as e:
+        p.error(str(e))
+    if args.gpus and (all_devices or args.devices != defaults.devices):
+        p.error("--gpus names the devices: give it without --devices")
     if args.cache_max_bytes < 1:
         p.error("--cache-max-bytes must be positive")
     if not (math.isfinite(args.max_job_s) and args.max_job_s > 0):
@@ -224,13 +269,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "could run native code here (pass --insecure on a network you trust)"
         )
     try:
-        args.pin_cores = parse_pin_cores(args.pin_cores, args.devices) if args.pin_cores else ()
+        # Pins go round-robin, so 'auto' for an unknown count pins one device per usable core.
+        pin_count = len(os.sched_getaffinity(0)) if all_devices else len(args.gpus) or args.devices
+        args.pin_cores = parse_pin_cores(args.pin_cores, pin_count) if args.pin_cores else ()
         args.cores = parse_core_sets(args.cores)
     except ValueError as e:
         p.error(str(e))
     if args.cores:
         if args.pin_cores:
             p.error("--cores and --pin-cores both pin devices: give one")
+        if all_devices or args.gpus:
+            p.error("--cores sets one device per set: give it without --devices all or --gpus")
         if args.devices != defaults.devices and args.devices != len(args.cores):
             p.error(f"--devices {args.devices} but {len(args.cores)} --cores sets: one per device")
         args.devices = len(args.cores)
@@ -258,7 +307,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     return AgentConfig(
         key=args.key,
         backend=args.backend,
-        devices=args.devices,
+        devices=1 if args.devices == "all" else args.devices,
+        all_devices=args.devices == "all",
+        device_indices=args.gpus,
         tags=dict(args.tag),
         agent_id=args.agent_id,
         advertise_host=args.advertise_host,

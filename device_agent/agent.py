@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -44,6 +45,7 @@ from device_agent.domain import (
     RunRequest,
     RunResult,
     Status,
+    Telemetry,
     TensorSpec,
 )
 from device_agent.errors import InvalidRequestError, UnknownDeviceError
@@ -95,6 +97,29 @@ class Admission:
             return replace(self, refused=JobResult(Status.UNAUTHORIZED, error=error))
         error = f"device {self.device_id} stayed busy"
         return replace(self, refused=JobResult(Status.RUNTIME_ERROR, error=error))
+
+
+@runtime_checkable
+class PerDeviceBackend(Protocol):
+    """A backend whose devices are hardware of their own (cuda: a GPU each), with their own tags,
+    telemetry and child environment. `index` is the backend's number of a device (a GPU's
+    ordinal); an agent serves `all_devices` (`count_devices` of them) or its `device_indices`."""
+
+    def count_devices(self) -> int:
+        """How many devices this machine has for the backend."""
+        ...
+
+    def tags_of(self, index: int) -> dict[str, str]:
+        """Device `index`'s tags (they replace `Backend.device_tags`)."""
+        ...
+
+    def child_env(self, index: int) -> dict[str, str]:
+        """What device `index`'s executor child adds to its environment."""
+        ...
+
+    def telemetry_of(self, index: int, host: Telemetry) -> Telemetry:
+        """Device `index`'s readings now, given the host's (in the agent process)."""
+        ...
 
 
 class _Unresolved(Exception):
@@ -173,19 +198,22 @@ class Agent:
         self._telemetry = TelemetryReader()
         # The backend's tags override the host's (qemu's guest arch), the user's override both.
         host = {"arch": platform.machine(), "backend": self.backend.name}
-        tags = {**host, **self.backend.device_tags(), **config.tags}
         sets = config.core_sets
-        self.devices = tuple(
-            DeviceSpec(
-                f"{self.agent_id}/{i}",
-                config.key,
-                # a device on a core set runs its kernels on one thread per core (the executor)
-                {**tags, "threads": str(len(sets[i]))} if sets else dict(tags),
-                address,
-                self.backend.name,
-            )
-            for i in range(config.devices)
-        )
+        indices = self._device_indices(config)
+        # Device id -> the backend's index of it, for a backend whose devices differ.
+        self._indices: dict[str, int] = {}
+        backend = self.backend
+        shared_tags = {} if isinstance(backend, PerDeviceBackend) else backend.device_tags()
+        devices = []
+        for i, index in enumerate(indices):
+            own = backend.tags_of(index) if isinstance(backend, PerDeviceBackend) else shared_tags
+            tags = {**host, **own, **config.tags}
+            if sets:  # a device on a core set runs its kernels on one thread per core
+                tags["threads"] = str(len(sets[i]))
+            device_id = f"{self.agent_id}/{i}"
+            self._indices[device_id] = index
+            devices.append(DeviceSpec(device_id, config.key, tags, address, self.backend.name))
+        self.devices = tuple(devices)
         allowed = os.sched_getaffinity(0)
         for core in (*config.pin_cores, *(c for cores in sets for c in cores)):
             if core not in allowed:
@@ -204,6 +232,7 @@ class Agent:
                     cores=sets[i] if sets else (),
                     state_dir=state_dir,
                     on_restart=self.stats.executor_restarted,
+                    env=self._child_env(self._indices[d.device_id]),
                 )
         except BaseException:
             self.close()
@@ -289,7 +318,7 @@ class Agent:
             error=result.error,
             signal=result.signal,
             number_used=result.number_used,
-            telemetry=self.backend.telemetry(self._telemetry()),
+            telemetry=self._device_telemetry(request.device_id),
             device_id=request.device_id,
             emulated=self.backend.emulated,
             missing_sha256=missing,
@@ -380,6 +409,41 @@ class Agent:
                         f"lease {admission.lease_id!r} on {device_id} was ended by the tracker "
                         f"(fence {admission.fence} < floor {floor})"
                     )
+
+    def _device_indices(self, config: AgentConfig) -> tuple[int, ...]:
+        """The backend's indices of the devices to serve (one each).
+
+        Raises:
+            ValueError: all_devices or device_indices with a backend whose devices are all
+                alike, or an index the backend does not have.
+        """
+        backend = self.backend
+        if not (config.all_devices or config.device_indices):
+            return tuple(range(config.devices))
+        if not isinstance(backend, PerDeviceBackend):
+            raise ValueError(
+                f"backend {backend.name} has no devices of its own: give a number of devices"
+            )
+        count = backend.count_devices()
+        if config.all_devices:
+            return tuple(range(count))
+        missing = [i for i in config.device_indices if i >= count]
+        if missing:
+            raise ValueError(
+                f"no device {missing} on this machine: backend {backend.name} has {count}"
+            )
+        return config.device_indices
+
+    def _child_env(self, index: int) -> dict[str, str]:
+        if isinstance(self.backend, PerDeviceBackend):
+            return self.backend.child_env(index)
+        return {}
+
+    def _device_telemetry(self, device_id: str) -> Telemetry:
+        host = self._telemetry()
+        if isinstance(self.backend, PerDeviceBackend):
+            return self.backend.telemetry_of(self._indices[device_id], host)
+        return self.backend.telemetry(host)
 
     @contextmanager
     def _running(self, admission: Admission, cancelled: StopSignal | None) -> Iterator[StopSignal]:

@@ -30,14 +30,22 @@ class AgentConfig:
     child to the cores of `core_sets[i]` and tags it `threads=<their number>`: its kernels run
     on that many OpenMP threads, one bound to each core. Every other device runs on one thread.
 
+    A backend whose devices are hardware of their own (cuda: one device per GPU; see
+    `device_agent.agent.PerDeviceBackend`) can serve `all_devices` (one device per GPU it finds;
+    `devices` is then ignored) or `device_indices` (those GPUs, by the driver's ordinal, one
+    device each, in that order; `devices` is then their number).
+
     Raises:
-        ValueError: `max_job_s` is not a positive number, or `core_sets` has not one non-empty
-            set per device.
+        ValueError: `max_job_s` is not a positive number, `core_sets` has not one non-empty
+            set per device, `device_indices` repeats one or is negative, or `all_devices` comes
+            with `device_indices` or `core_sets`.
     """
 
     key: str = "local"
     backend: str = "cpu"
     devices: int = 1
+    all_devices: bool = False
+    device_indices: tuple[int, ...] = ()
     tags: dict[str, str] = field(default_factory=dict)
     agent_id: str = ""
     advertise_host: str = "127.0.0.1"
@@ -68,6 +76,15 @@ class AgentConfig:
     tracker_tls: TlsFiles = field(default_factory=TlsFiles)
 
     def __post_init__(self) -> None:
+        if self.device_indices:
+            if len(set(self.device_indices)) != len(self.device_indices):
+                raise ValueError(f"device_indices names a device twice: {self.device_indices}")
+            if min(self.device_indices) < 0:
+                raise ValueError(f"device_indices must be >= 0: {self.device_indices}")
+            # `devices` follows the list, so whoever counts devices reads one number.
+            object.__setattr__(self, "devices", len(self.device_indices))
+        if self.all_devices and (self.device_indices or self.core_sets):
+            raise ValueError("all_devices takes neither device_indices nor core_sets")
         if self.core_sets and len(self.core_sets) != self.devices:
             raise ValueError(
                 f"core_sets has {len(self.core_sets)} sets for {self.devices} devices: one each"

@@ -2,15 +2,18 @@
 
 The child is respawned right after any death (crash, timeout kill, cancel), so the next request is
 served by a fresh process; `on_restart` hears of each respawn with its reason ("died", "timeout",
-"cancelled", "malformed"). The child runs in its own session so that killing its process group also
-ends anything a kernel forked, and asks the kernel (PR_SET_PDEATHSIG) for SIGKILL when the agent
-dies, so a hung kernel never outlives a SIGKILLed agent. Linux sends that signal when the *thread*
-that forked the child ends, so every child is forked by one long-lived spawner thread, never by an
-RPC worker thread that may come and go. With `pin_core`, the child is pinned to that core; with
-`cores`, to that set of cores. The child's OpenMP runtime gets one thread per core of the set (one
-without a set: a device without a `threads` tag runs kernels on one thread), each bound to its core
-(OMP_PROC_BIND / OMP_PLACES): unbound, Linux at times left a worker on the main thread's core for
-seconds. libgomp keeps its threads between parallel regions, so the child's kernels share one pool.
+"cancelled", "malformed", or "retired": the child asked to be replaced after its result, see
+`executor_child`). `env` adds to the child's environment (the cuda backend's
+$CUDA_VISIBLE_DEVICES, so a device's child sees only its GPU). The child runs in its own session
+so that killing its process group also ends anything a kernel forked, and asks the kernel
+(PR_SET_PDEATHSIG) for SIGKILL when the agent dies, so a hung kernel never outlives a SIGKILLed
+agent. Linux sends that signal when the *thread* that forked the child ends, so every child is
+forked by one long-lived spawner thread, never by an RPC worker thread that may come and go.
+With `pin_core`, the child is pinned to that core; with `cores`, to that set of cores. The child's
+OpenMP runtime gets one thread per core of the set (one without a set: a device without a
+`threads` tag runs kernels on one thread), each bound to its core (OMP_PROC_BIND / OMP_PLACES):
+unbound, Linux at times left a worker on the main thread's core for seconds. libgomp keeps its
+threads between parallel regions, so the child's kernels share one pool.
 
 An executor does not queue: its caller hands it one job at a time (the servicer waits for the
 device on its event loop, holding no thread), and a second job submitted meanwhile is refused.
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -90,8 +93,10 @@ class Executor:
         state_dir: str = "",
         on_restart: Callable[[str], None] | None = None,
         cores: tuple[int, ...] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.device_id = device_id
+        self._env = dict(env or {})
         self._on_restart = on_restart
         self._backend = backend
         self._address_space_bytes = address_space_bytes
@@ -158,7 +163,8 @@ class Executor:
         waiter = _Waiter(deadline, cancelled)
         try:
             waiter.write_all(proc.stdin.fileno(), encode_frame(*job_to_frame(job)))
-            return result_from_frame(read_frame(waiter.reader(proc.stdout.fileno())))
+            frame = read_frame(waiter.reader(proc.stdout.fileno()))
+            result = result_from_frame(frame)
         except _DeadlineExceeded:
             self._replace_child(proc, "timeout", kill=True)
             return JobResult(Status.TIMEOUT, error=limit.error)
@@ -172,6 +178,10 @@ class Executor:
         except (FrameError, KeyError, ValueError, TypeError) as e:
             self._replace_child(proc, "malformed", kill=True)
             return JobResult(Status.RUNTIME_ERROR, error=f"executor sent a malformed result: {e}")
+        if frame[0].get("retire") is True:
+            # The child exits on its own after this frame; its successor serves the next job.
+            self._replace_child(proc, "retired", kill=False)
+        return result
 
     def _replace_child(self, proc: subprocess.Popen[bytes], reason: str, kill: bool) -> int:
         """End `proc` (waiting a little for it when not killing) and spawn its successor."""
@@ -202,6 +212,7 @@ class Executor:
         # The child must import this package even where it is not installed (a copied checkout).
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
         env.update(openmp_env(self._cores))
+        env.update(self._env)
         cmd = [
             sys.executable,
             "-m",

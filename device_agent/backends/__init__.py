@@ -8,7 +8,7 @@ import re
 from device_agent.backends.base import Backend
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
-_NOT_BACKENDS = frozenset({"base"})
+_NOT_BACKENDS = frozenset({"base", "cuda_driver", "cuda_fake"})
 
 
 def get_backend(name: str) -> Backend:
