@@ -5,11 +5,11 @@ Started by `device_agent.executor.Executor` as `python -m device_agent.executor_
 and result frames leave on stdout (see `framing`); stderr is the agent's log. A kernel that crashes
 takes only this process down; the agent's death takes this process down (PR_SET_PDEATHSIG).
 
-A backend whose process state a job has ruined sets a true `poisoned` attribute (the cuda backend,
+A backend whose process state a job has ruined sets `Backend.poisoned` (the cuda backend,
 after a sticky CUDA error: the GPU context is lost for the life of the process). The child then
 marks its result frame `"retire": true`, exits once the frame is written, and the executor starts
 its successor at once, so the next job meets a fresh process instead of the lost context. A
-backend whose `limits_address_space` is false runs without the RLIMIT_AS cap (the CUDA driver
+backend whose `Backend.limits_address_space` is false runs without the RLIMIT_AS cap (the CUDA driver
 reserves virtual address space far past any such cap and fails to start under it).
 """
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     # A crashing kernel must not leave core files in the agent's working directory.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     backend = get_backend(args.backend)
-    if getattr(backend, "limits_address_space", True):
+    if backend.limits_address_space:
         _limit_address_space(args.address_space_bytes)
     # On a fatal signal, print the Python stack to the agent log, then die of the same signal so
     # the agent still reads the signal from the exit status.
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 Status.RUNTIME_ERROR, error=f"executor raised {type(e).__name__}: {e}"
             )
         header, blobs = result_to_frame(result)
-        poisoned = getattr(backend, "poisoned", "")
+        poisoned = backend.poisoned
         if poisoned:
             header["retire"] = True
         proto_out.write(encode_frame(header, blobs))

@@ -205,7 +205,7 @@ def create_server(
     _LOG.info(
         "agent %s serving %d %s device(s) on %s",
         agent.agent_id,
-        config.devices,
+        len(agent.devices),
         config.backend,
         address,
     )

@@ -52,6 +52,12 @@ class Backend(ABC):
     sandboxed: ClassVar[bool] = True
     # True when samples come from an emulator rather than the hardware's clock.
     emulated: ClassVar[bool] = False
+    # False when the executor child must run without its RLIMIT_AS cap (the CUDA driver reserves
+    # virtual address space far past any such cap and fails to start under it).
+    limits_address_space: ClassVar[bool] = True
+    # Set (to the cause) by a job that ruined this process's state for good (a sticky CUDA
+    # error): the executor child then exits after its result and a fresh one serves the next job.
+    poisoned: str = ""
 
     def device_tags(self) -> dict[str, str]:
         """Tags this backend adds to each device: what a workstation needs to pick the compile
