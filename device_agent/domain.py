@@ -114,6 +114,7 @@ class Telemetry:
     load_1m: float | None = None
     cpu_mhz: float | None = None
     temperature_c: float | None = None
+    power_w: float | None = None
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,10 @@ def ndarray_from_pb(pb: common_pb2.NDArray) -> np.ndarray:
 def telemetry_to_pb(t: Telemetry) -> common_pb2.Telemetry:
     """The wire telemetry; an absent reading stays unset (zero means unknown on the wire)."""
     return common_pb2.Telemetry(
-        load_1m=t.load_1m or 0.0, cpu_mhz=t.cpu_mhz or 0.0, temperature_c=t.temperature_c or 0.0
+        load_1m=t.load_1m or 0.0,
+        cpu_mhz=t.cpu_mhz or 0.0,
+        temperature_c=t.temperature_c or 0.0,
+        power_w=t.power_w or 0.0,
     )
 
 

@@ -150,14 +150,16 @@ class CheckSpec(_message.Message):
     def __init__(self, reference_sha256: _Optional[str] = ..., reference_symbol: _Optional[str] = ..., rtol: _Optional[float] = ..., atol: _Optional[float] = ...) -> None: ...
 
 class Telemetry(_message.Message):
-    __slots__ = ("load_1m", "cpu_mhz", "temperature_c")
+    __slots__ = ("load_1m", "cpu_mhz", "temperature_c", "power_w")
     LOAD_1M_FIELD_NUMBER: _ClassVar[int]
     CPU_MHZ_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
     load_1m: float
     cpu_mhz: float
     temperature_c: float
-    def __init__(self, load_1m: _Optional[float] = ..., cpu_mhz: _Optional[float] = ..., temperature_c: _Optional[float] = ...) -> None: ...
+    power_w: float
+    def __init__(self, load_1m: _Optional[float] = ..., cpu_mhz: _Optional[float] = ..., temperature_c: _Optional[float] = ..., power_w: _Optional[float] = ...) -> None: ...
 
 class MeasureResult(_message.Message):
     __slots__ = ("status", "samples_s", "error", "signal", "number_used", "telemetry", "device_id", "emulated", "missing_sha256", "accel")

@@ -182,7 +182,8 @@ class CudaBackend(NativeBackend):
         return {VISIBLE_ENV: entries[index]}
 
     def telemetry_of(self, index: int, host: Telemetry) -> Telemetry:
-        """GPU `index` now: its SM clock as `cpu_mhz`, its temperature; the host's load."""
+        """GPU `index` now: its SM clock as `cpu_mhz`, its temperature and power; the host's
+        load."""
         try:
             readings = self.driver.readings(index)
         except (CudaError, RuntimeError):
@@ -191,6 +192,7 @@ class CudaBackend(NativeBackend):
             load_1m=host.load_1m,
             cpu_mhz=readings.sm_clock_mhz,
             temperature_c=readings.temperature_c,
+            power_w=readings.power_w,
         )
 
     def device_tags(self) -> dict[str, str]:

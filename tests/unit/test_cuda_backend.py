@@ -16,7 +16,7 @@ from device_agent.arrays import make_args
 from device_agent.backends import cuda, get_backend
 from device_agent.backends.cuda import CudaBackend
 from device_agent.backends.cuda_driver import DRIVER_ENV, CudaError, RealDriver
-from device_agent.backends.cuda_fake import FakeDriver, fake_image
+from device_agent.backends.cuda_fake import FAKE_POWER_W, FakeDriver, fake_image
 from device_agent.domain import ArgRole, EntryPoint, EvaluatorConfig, Status, Telemetry, TensorSpec
 from device_agent.jobs import MEASURE, RUN, Job, JobResult, ReferenceCheck
 from device_agent.testing import build_kernels, kernel_entry
@@ -313,7 +313,7 @@ def test_tags_telemetry_and_the_child_environment(
     assert tags["memory_mib"] == str(80 << 10) and tags["sm_clock_mhz"] == "1980"
     assert tags["driver"] == "fake" and tags["emulated"] == "cuda-fake" and tags["host_arch"]
     host = Telemetry(load_1m=0.5)
-    assert env.backend.telemetry_of(1, host) == Telemetry(0.5, 1980.0, 41.0)
+    assert env.backend.telemetry_of(1, host) == Telemetry(0.5, 1980.0, 41.0, FAKE_POWER_W)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert env.backend.child_env(2) == {"CUDA_VISIBLE_DEVICES": "2"}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5,7")
