@@ -59,8 +59,9 @@ from device_agent.backends.cuda_driver import (
     CudaError,
     Driver,
     GpuInfo,
-    open_driver,
+    RealDriver,
 )
+from device_agent.backends.cuda_fake import FakeDriver
 from device_agent.domain import EntryPoint, EvaluatorConfig, Status, Telemetry
 from device_agent.jobs import Job, JobResult
 from protos.cuda_program import CudaModule, CudaProgram, ProgramError, decode_module, is_cuda_module
@@ -476,3 +477,17 @@ def create() -> CudaBackend:
     if os.environ.get(DRIVER_ENV) == "fake":
         return EmulatedCudaBackend()
     return CudaBackend()
+
+
+def open_driver() -> Driver:
+    """The driver `$KILN_CUDA_DRIVER` names: unset or "real" is libcuda, "fake" the test fake.
+
+    Raises:
+        ValueError: the variable names neither.
+    """
+    kind = os.environ.get(DRIVER_ENV, "") or "real"
+    if kind == "real":
+        return RealDriver()
+    if kind == "fake":
+        return FakeDriver.from_env()
+    raise ValueError(f"${DRIVER_ENV} must be 'real' or 'fake', got {kind!r}")

@@ -3,7 +3,7 @@
 `Driver` is what the backend needs of a GPU: device attributes, a context, modules (cubin or PTX),
 launches, memory, events, and telemetry. `RealDriver` binds `libcuda.so.1` (and NVML,
 `libnvidia-ml.so.1`, for readings that the driver API lacks); `cuda_fake.FakeDriver` implements the
-same interface in Python for tests on machines without a GPU. `open_driver()` picks one: the real
+same interface in Python for tests on machines without a GPU. `cuda.open_driver()` picks one: the real
 driver unless `$KILN_CUDA_DRIVER` is "fake" (a test seam, never a deployment setting).
 
 Every failed call raises `CudaError` naming the call and the driver's error; `sticky` says whether
@@ -186,22 +186,6 @@ class Driver(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Wait for all work of the context (cuCtxSynchronize)."""
-
-
-def open_driver() -> Driver:
-    """The driver `$KILN_CUDA_DRIVER` names: unset or "real" is libcuda, "fake" the test fake.
-
-    Raises:
-        ValueError: the variable names neither.
-    """
-    kind = os.environ.get(DRIVER_ENV, "") or "real"
-    if kind == "real":
-        return RealDriver()
-    if kind == "fake":
-        from device_agent.backends.cuda_fake import FakeDriver
-
-        return FakeDriver.from_env()
-    raise ValueError(f"${DRIVER_ENV} must be 'real' or 'fake', got {kind!r}")
 
 
 def _load(

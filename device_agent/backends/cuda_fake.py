@@ -2,7 +2,7 @@
 
 A test seam, never a device: it lets the `cuda` backend's control flow (load, launch, timing,
 sticky-error recovery) and the agent's one-child-per-GPU set-up run on machines without a GPU.
-It is chosen only by `KILN_CUDA_DRIVER=fake` (see `cuda_driver.open_driver`); its devices are
+It is chosen only by `KILN_CUDA_DRIVER=fake` (see `cuda.open_driver`); its devices are
 tagged `driver=fake` and their results labelled emulated, so no one trusts its timings.
 
 Environment (read by `FakeDriver.from_env`):
@@ -12,8 +12,9 @@ Environment (read by `FakeDriver.from_env`):
 
 Every GPU is a "Kiln Fake GPU <index>", sm 90, 80 GiB, 1980 MHz, 132 SMs, 50 MiB of L2.
 
-Images are cubin (starting b"\\x7fELF") or PTX text; an image's kernels are the names after
-`.entry` in it, so a test writes `.entry fake_add_one` into its bytes. Device memory is numpy
+Images are cubin (starting b"\\x7fELF") or PTX text. An image's kernels are the function symbols
+of a real cubin's ELF symbol table (what nvcc writes), else the names after `.entry` in it, so a
+test writes `.entry fake_add_one` into its bytes. Device memory is numpy
 bytes; pointers are ints, and a pointer inside an allocation (a workspace slice) works. Kernels
 are emulated by name, over float32 elements, one per thread (grid x block):
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +82,32 @@ def fake_image(kernels: Sequence[str], kind: str = "ptx") -> bytes:
         b".visible .entry " + k.encode() + b"(\n" for k in kernels
     )
     return b"\x7fELF" + text if kind == "cubin" else text
+
+
+def _elf_functions(image: bytes) -> frozenset[str]:
+    """The function symbols of a 64-bit little-endian ELF image (a cubin); empty when `image`
+    is not one or has no symbol table."""
+    try:
+        if image[4:6] != b"\x02\x01":  # ELFCLASS64, little endian
+            return frozenset()
+        (shoff,) = struct.unpack_from("<Q", image, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", image, 0x3A)
+        sections = [
+            struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)
+        ]
+        names: set[str] = set()
+        for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+            if kind != 2 or entsize < 24:  # SHT_SYMTAB
+                continue
+            str_offset = sections[link][4]
+            for at in range(offset, offset + size, entsize):
+                name_at, info = struct.unpack_from("<IB", image, at)
+                if info & 0xF == 2:  # STT_FUNC
+                    end = image.index(b"\0", str_offset + name_at)
+                    names.add(image[str_offset + name_at : end].decode())
+        return frozenset(names)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return frozenset()
 
 
 def _error(call: str, code: int) -> CudaError:
@@ -199,7 +227,8 @@ class FakeDriver(Driver):
         if kind == "ptx" and b".version" not in image[:4096]:
             raise _error("cuModuleLoadData", CUDA_ERROR_INVALID_IMAGE)
         self.calls.append(("load", kind))
-        kernels = frozenset(m.decode() for m in _ENTRY.findall(image))
+        kernels = _elf_functions(image) if kind == "cubin" else frozenset()
+        kernels = kernels or frozenset(m.decode() for m in _ENTRY.findall(image))
         return self._handle(_Module(kernels))
 
     def unload_module(self, module: int) -> None:
