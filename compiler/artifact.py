@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 ROLES = frozenset({"input", "output", "workspace"})
-# accel_program: a protos.vta_program container (compiler.ops.vta_dense builds them)
-FORMATS = frozenset({"shared_object", "accel_program"})
+# accel_program: a protos.vta_program container (compiler.ops.vta_dense builds them); cubin and
+# ptx: a protos.cuda_program container of that image kind (compiler.build_cuda builds cubins)
+FORMATS = frozenset({"shared_object", "accel_program", "cubin", "ptx"})
 
 
 @dataclass(frozen=True)

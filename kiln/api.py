@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from compiler import ops
 from kiln.pool import Pool
 from tuner.loop import Callback, TuneProgress, tune
 from tuner.measure.builder import Builder
-from tuner.measure.device_target import is_vta_target
+from tuner.measure.device_target import is_cuda_target, is_vta_target
 from tuner.measure.result import EvaluatorConfig
 from tuner.options import TuneOptions
 from tuner.records import RecordStore, Workload, open_store
@@ -39,18 +40,36 @@ if TYPE_CHECKING:
 # Short names for templates whose registered names carry their layout.
 OP_ALIASES = {"conv2d": "conv2d_nchwc", "conv2d_1x1": "conv2d_1x1_nchwc"}
 
+# The GPU template of a CPU op whose name is not "cuda_" + the op's without its layout suffix
+# (`gpu_template_name`); the workload's fields are the same (a 1x1 conv is a GEMM on a GPU).
+GPU_TEMPLATES = {"conv2d_1x1_nchwc": "cuda_conv2d_gemm"}
+GPU_PREFIX = "cuda_"
+
+
+def gpu_template_name(op: str) -> str:
+    """The GPU template a CPU op's task runs as: `GPU_TEMPLATES`, else "cuda_" + the op's name
+    without "_nchwc" (dense -> cuda_dense, conv2d_nchwc -> cuda_conv2d)."""
+    if op.startswith(GPU_PREFIX):
+        return op
+    return GPU_TEMPLATES.get(op, GPU_PREFIX + op.removesuffix("_nchwc"))
+
 
 def for_target(task: Task, target: str) -> Task:
     """`task` as the device of compile target `target` runs it: on an accelerator ("vta",
     "vta/spec=..."), a float `conv2d` or `dense` becomes its int8 template (`vta_conv2d`
     (C, H, W, O, K, stride, pad) or `vta_dense`, each with bias, ReLU and a requantising shift);
-    any other task is returned as it is. (Its workload keeps the default dtype, as `tune-op
-    vta_conv2d` writes it, so both spellings share records.)
+    on a GPU ("cuda/sm=90"), an op becomes its GPU template of the same workload fields
+    (`gpu_template_name`: dense -> cuda_dense, conv2d -> cuda_conv2d, ...); any other task is
+    returned as it is. (Its workload keeps the default dtype, as `tune-op vta_conv2d` writes it,
+    so both spellings share records.)
 
     Raises:
-        ValueError: an op the accelerator has no template for, or a conv it cannot take
-            (batch > 1, a non-square kernel, an epilogue other than 2: bias then ReLU).
+        ValueError: an op the accelerator or GPU has no template for, or a conv it cannot take
+            (on the accelerator: batch > 1, a non-square kernel, an epilogue other than 2: bias
+            then ReLU; on a GPU: a workload its template refuses).
     """
+    if is_cuda_target(target):
+        return _for_gpu(task, target)
     if not is_vta_target(target):
         return task
     op, shape = task.workload.op, task.workload.shape
@@ -69,6 +88,24 @@ def for_target(task: Task, target: str) -> Task:
     else:
         raise ValueError(f"target {target} has no template for {op} (it runs conv2d and dense)")
     return dataclasses.replace(task, workload=accel)
+
+
+def _for_gpu(task: Task, target: str) -> Task:
+    name = gpu_template_name(task.workload.op)
+    if name not in ops.template_names():
+        known = ", ".join(n for n in ops.template_names() if n.startswith(GPU_PREFIX)) or "none"
+        raise ValueError(
+            f"target {target} has no GPU template for {task.workload.op} (it would be {name}; "
+            f"GPU templates: {known})"
+        )
+    if name == task.workload.op:
+        return task
+    gpu = dataclasses.replace(task, workload=dataclasses.replace(task.workload, op=name))
+    try:
+        len(gpu.space)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"target {target}: {name} cannot take {task.workload}: {exc}") from None
+    return gpu
 
 
 def open_records(spec: str | os.PathLike[str]) -> RecordStore:
@@ -146,6 +183,22 @@ def tune_op(
         return tune(task, build, runner, opts, records=records, callbacks=callbacks)
 
 
+def gpu_network_unsupported(target: str) -> None:
+    """Refuse to tune a network for a GPU target: its tasks are the CPU templates' (NCHWc
+    layouts, packed weights) and no GPU model build exists yet, so nvcc would only build CPU
+    schedules as one-thread kernels.
+
+    Raises:
+        ValueError: `target` is a cuda target.
+    """
+    if is_cuda_target(target):
+        raise ValueError(
+            f"tuning a network on a GPU ({target}) is not supported yet: its tasks are CPU "
+            "templates; tune its operators one by one (`kiln tune-op`, `tune_op`: dense, "
+            "conv2d, ... become their cuda_* templates)"
+        )
+
+
 def tune_network(
     pool: Pool,
     model: Graph | str | os.PathLike[str],
@@ -162,9 +215,13 @@ def tune_network(
 
     `trials` is the whole network's budget; `options.early_stop` retires a task after that
     many trials without a better candidate.
+
+    Raises:
+        ValueError: the pool's devices are GPUs (`gpu_network_unsupported`).
     """
     from tuner.network.tune import tune_network as _tune_network
 
+    gpu_network_unsupported(pool.target)
     opts = _options(options, trials)
     store = open_store(records) if isinstance(records, str | os.PathLike) else records
     try:

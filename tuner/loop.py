@@ -35,7 +35,13 @@ from compiler.toolchain import BuildError, get_target
 from tuner import records as rec
 from tuner.measure.build_stream import BuildStream, FuturesEngine
 from tuner.measure.builder import Builder, BuildResult, StreamingBuilder
-from tuner.measure.device_target import is_vta_target, vta_records_name, vta_target_spec
+from tuner.measure.device_target import (
+    cuda_target_arch,
+    is_cuda_target,
+    is_vta_target,
+    vta_records_name,
+    vta_target_spec,
+)
 from tuner.measure.result import MeasureResult, Status
 from tuner.measure.runner import Runner
 from tuner.options import TuneOptions
@@ -130,7 +136,11 @@ class TuningError(RuntimeError):
 
 def target_name(target: str) -> str:
     """The name records carry for a builder's target: "host" resolves to this machine's class;
-    "vta" names the accelerator spec the templates build for (`vta_records_name`)."""
+    "vta" names the accelerator spec the templates build for (`vta_records_name`); a GPU's
+    ("cuda/sm=90") is its own name, which carries the compute capability."""
+    if is_cuda_target(target):
+        cuda_target_arch(target)  # a malformed one is refused here, not named in records
+        return target
     if is_vta_target(target):
         return vta_records_name(vta_target_spec(target).key())
     try:
@@ -148,6 +158,8 @@ def builder_records_target(builder: object) -> str:
 
 def compiler_target(target: str) -> str:
     """`target` when the compiler knows it, else "host" (a test's fake builder)."""
+    if is_cuda_target(target):
+        return target
     try:
         get_target(target)
     except BuildError:

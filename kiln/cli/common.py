@@ -317,9 +317,15 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
 
 def check_target_name(target: str | None) -> None:
     """A usage error for a target the compiler does not know (before any pool is started)."""
+    from compiler.build_cuda import cuda_arch, is_cuda_target
     from compiler.toolchain import BuildError, get_target
 
-    if target is not None:
+    if target is not None and is_cuda_target(target):
+        try:
+            cuda_arch(target)
+        except ValueError as exc:
+            raise CliError.usage(f"--target: {exc}") from None
+    elif target is not None:
         try:
             get_target(target)
         except BuildError as exc:

@@ -80,8 +80,9 @@ def tune_with_progress(args: argparse.Namespace, task: Task, options: TuneOption
         except ValueError as exc:
             raise CliError.usage(str(exc)) from None
         if accel is not task:
+            kind = " (int8)" if accel.workload.op.startswith("vta_") else ""
             print(f"kiln: {task.workload.op} on {builder.target} tunes {accel.workload.op} "
-                  f"{','.join(map(str, accel.workload.shape))} (int8)", file=sys.stderr)  # fmt: skip
+                  f"{','.join(map(str, accel.workload.shape))}{kind}", file=sys.stderr)  # fmt: skip
             task = accel
         searcher, note = searcher_for(
             task, options, store, pool.target, builder_records_target(builder)

@@ -22,10 +22,11 @@ ALLOWED_OURS: dict[str, set[str]] = {
 }
 
 # Single modules of ours a package may import although their package is not allowed: the
-# accelerator's ISA and artifact container are stdlib-only wire contracts shared by the compiler
-# that writes programs and the agent that runs them (one encoder, not two).
+# accelerator's ISA and artifact container, and the CUDA container, are stdlib-only wire
+# contracts shared by the compiler that writes programs and the agent that runs them (one
+# encoder, not two).
 ALLOWED_MODULES: dict[str, set[str]] = {
-    "compiler": {"protos.vta", "protos.vta_program"},
+    "compiler": {"protos.vta", "protos.vta_program", "protos.cuda_program"},
 }
 
 # Third-party modules a package may import; None means anything. The agent runs on small boards.

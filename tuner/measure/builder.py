@@ -10,6 +10,11 @@ caches the unit's .so once and times each entry by name. A unit that fails to bu
 that does not lower or compile) is built again one candidate at a time, so the bad config fails
 alone.
 
+A GPU's target ("cuda/sm=90", `device_target`) builds the same way with nvcc: one unit is one
+CUDA container (`compiler.build_cuda`) with a program per candidate, a unit that fails is built
+again one candidate at a time, and each candidate's reference is its layout's naive kernel in C
+for the GPU's host (`reference_target`), so the agent checks the GPU's answer on the CPU.
+
 Compile cache: `compiler.toolchain.compile_shared` already caches shared objects by the hash of
 source, compiler identity and flags ($KILN_CACHE_DIR, else ~/.cache/kiln/build); `cache_dir`
 points the builder's compiles at another directory. A unit is a cache hit when the same configs
@@ -40,13 +45,14 @@ from typing import Protocol, runtime_checkable
 
 from compiler import build as compiler_build
 from compiler.artifact import Artifact
+from compiler.build_cuda import build_cuda
 from compiler.ops.base import threaded_space
 from compiler.ops.reference import reference_kernel, reference_symbol
 from compiler.ops.vta_conv2d import VtaConv2dTemplate
 from compiler.ops.vta_dense import VTA_TARGET, VtaDenseTemplate, build_vta
-from compiler.toolchain import CACHE_ENV
+from compiler.toolchain import CACHE_ENV, TARGETS, host_target_name
 from tuner.measure.build_stream import BuildResult, BuildStream, FuturesEngine
-from tuner.measure.device_target import is_vta_target, vta_target_spec
+from tuner.measure.device_target import is_cuda_target, is_vta_target, vta_target_spec
 from tuner.measure.runner import Reference
 from tuner.records import Workload
 from tuner.task import Task
@@ -79,8 +85,7 @@ def reference_for(task: Task, index: int, target: str) -> Reference:
     if found is not None:
         return found
     kernel = reference_kernel(task.template, task.workload.shape, config)
-    # an accelerator program is checked against the compute built for the device's host
-    art = compiler_build.build_many([kernel], "host" if is_vta_target(target) else target)
+    art = compiler_build.build_many([kernel], reference_target(target))
     outputs = sum(math.prod(a.shape) for a in art.entries[0].args if a.role == "output")
     terms = max(1.0, task.flop / (2 * max(outputs, 1)))
     ref = Reference(art, kernel.symbol, CHECK_RTOL, CHECK_ATOL_PER_SQRT_TERM * math.sqrt(terms))
@@ -88,6 +93,21 @@ def reference_for(task: Task, index: int, target: str) -> Reference:
         _REFERENCES.pop(next(iter(_REFERENCES)))
     _REFERENCES[key] = ref
     return ref
+
+
+def reference_target(target: str) -> str:
+    """The C target a candidate of `target` is checked against: `target` itself for C; the
+    device's host for an accelerator program ("host", the simulator runs beside the builder);
+    for a GPU kernel the base ISA of this machine's arch ("x86_64"), which the GPU's host runs
+    whatever its CPU's extensions (a host of another arch than the builder's is not handled)."""
+    if is_vta_target(target):
+        return "host"
+    if is_cuda_target(target):
+        arch = TARGETS[host_target_name()].arch
+        return min(
+            (t for t in TARGETS.values() if t.arch == arch), key=lambda t: t.vector_bytes
+        ).name
+    return target
 
 
 def _with_reference(result: BuildResult, task: Task, target: str) -> BuildResult:
@@ -124,7 +144,7 @@ def build_one(workload: Workload, index: int, target: str, threads: int = 1) -> 
     lower, generate C and compile it."""
     try:
         task = Task(workload, threads)
-        art = compiler_build.build_many([_kernel(task, index)], target)
+        art = _compile_kernels([_kernel(task, index)], target)
     except Exception as exc:  # any failure of one candidate is that candidate's result
         return BuildResult(index, None, _error(exc))
     return BuildResult(index, art)
@@ -181,7 +201,7 @@ def _build_unit(
     unit: Artifact | None = None
     if len(kernels) > 1:
         try:
-            unit = compiler_build.build_many(list(kernels.values()), target)
+            unit = _compile_kernels(list(kernels.values()), target)
         except Exception:
             unit = None  # find which config broke it: build them one by one below
     out = []
@@ -192,10 +212,18 @@ def _build_unit(
             out.append(BuildResult(i, entry_first(unit, kernels[i].symbol)))
         else:
             try:
-                out.append(BuildResult(i, compiler_build.build_many([kernels[i]], target)))
+                out.append(BuildResult(i, _compile_kernels([kernels[i]], target)))
             except Exception as exc:
                 out.append(BuildResult(i, None, _error(exc)))
     return out
+
+
+def _compile_kernels(kernels: list[compiler_build.Kernel], target: str) -> Artifact:
+    """One artifact of `kernels` for `target`: a CUDA container (one nvcc unit) for a GPU's
+    target, else one shared object."""
+    if is_cuda_target(target):
+        return build_cuda(kernels, target)
+    return compiler_build.build_many(kernels, target)
 
 
 def _build_vta(task: Task, index: int, target: str = VTA_TARGET) -> BuildResult:

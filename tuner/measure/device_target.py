@@ -16,12 +16,20 @@ DRAM timing, clock; the device's `vta_spec` tag) and its cycles are that spec's,
 names the spec: "vta" for the default spec, "vta/spec=<key>" for another (`vta_target`; the
 builder builds the vta_* templates for it), and records carry it always:
 "vta/spec=1-16-16-...". Records tuned for one spec never serve a device of another.
+
+A GPU's device (`arch=cuda`, the cuda backend) tags its compute capability (`sm=90`) and runs
+CUDA images, not host C. Its target names the capability, "cuda/sm=90"
+(`compiler.build_cuda.cuda_target`): the builder compiles candidates with nvcc for sm_90, and
+records carry the name, so a schedule tuned on an sm_90 chip never serves an sm_80 one. A target
+runs only on a device of its own capability (see `compiler.build_cuda` for why not on newer
+minor versions too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from compiler.build_cuda import CUDA_TARGET, cuda_arch, cuda_target, is_cuda_target
 from compiler.toolchain import TARGETS, BuildError, get_target, host_target_name
 from protos.hostinfo import cpu_tags
 from protos.vta import VTA_TARGET, VtaSpec
@@ -29,6 +37,8 @@ from tuner.records.record import records_target
 
 # The simulated accelerator's arch tag (device_agent.backends.vta_sim).
 VTA_ARCH = "vta"
+# A GPU's arch tag (device_agent.backends.cuda); its `sm` tag is the compute capability.
+CUDA_ARCH = CUDA_TARGET
 SPEC_MARK = "/spec="
 
 # What each named target needs of a device: its arch and these features (empty: the base ISA).
@@ -62,6 +72,8 @@ def device_target(tags: Mapping[str, str]) -> str:
     features = _features(tags)
     if arch == VTA_ARCH:
         return vta_target(tags.get("vta_spec"))
+    if arch == CUDA_ARCH:
+        return gpu_target(tags)
     if arch in ("aarch64", "arm64"):
         name = "aarch64-neon"
     elif arch in ("x86_64", "AMD64"):
@@ -75,7 +87,8 @@ def device_target(tags: Mapping[str, str]) -> str:
             name = "x86_64"
     else:
         raise TargetError(
-            f"device arch {arch!r} has no compiler target (known: x86_64, aarch64, {VTA_ARCH})"
+            f"device arch {arch!r} has no compiler target "
+            f"(known: x86_64, aarch64, {VTA_ARCH}, {CUDA_ARCH})"
         )
     if name == host_target_name() and tags.get("emulated") is None:
         cpu = tags.get("cpu")
@@ -91,6 +104,18 @@ def check_target(target: str, tags: Mapping[str, str], device: str = "the device
         TargetError: an unknown target, another arch, or features the device lacks.
     """
     arch = tags.get("arch", "")
+    if is_cuda_target(target) or arch == CUDA_ARCH:
+        if is_cuda_target(target) and arch == CUDA_ARCH:
+            runs = device_target(tags)
+            if cuda_target_arch(target) != cuda_target_arch(runs):
+                raise TargetError(
+                    f"target {target} builds for {cuda_target_arch(target)}, which {device} "
+                    f"(sm={tags.get('sm')}) does not run; it runs {runs}"
+                )
+            return target
+        raise TargetError(
+            f"target {target} cannot run on {device} (arch={arch}); it runs {device_target(tags)}"
+        )
     if is_vta_target(target) or arch == VTA_ARCH:
         if is_vta_target(target) and arch == VTA_ARCH:
             runs = device_target(tags)
@@ -148,6 +173,8 @@ def device_records_target(tags: Mapping[str, str], target: str | None = None) ->
             `device_threads`.
     """
     name = device_target(tags) if target is None else check_target(target, tags)
+    if is_cuda_target(name):
+        return records_target(name, device_threads(tags))
     if is_vta_target(name):
         return records_target(vta_records_name(vta_target_spec(name).key()), device_threads(tags))
     try:
@@ -190,6 +217,33 @@ def vta_records_name(spec_key: str | None = None) -> str:
     """The records target name of accelerator programs for the spec with key `spec_key`
     (`VtaSpec.key`; None: the default spec, the one the op templates build for)."""
     return f"{VTA_TARGET}{SPEC_MARK}{spec_key or VtaSpec().key()}"
+
+
+def gpu_target(tags: Mapping[str, str]) -> str:
+    """The compile target of a GPU device with `tags`: "cuda/sm=<its sm tag>".
+
+    Raises:
+        TargetError: the device has no `sm` tag, or it is not a compute capability.
+    """
+    sm = tags.get("sm")
+    if not sm:
+        raise TargetError("a cuda device without an sm tag (its compute capability) has no target")
+    try:
+        return cuda_target(sm)
+    except ValueError as exc:
+        raise TargetError(f"device tag sm={sm!r}: {exc}") from None
+
+
+def cuda_target_arch(target: str) -> str:
+    """nvcc's arch ("sm_90") of a cuda target.
+
+    Raises:
+        TargetError: `target` is not a well-formed cuda target.
+    """
+    try:
+        return cuda_arch(target)
+    except ValueError as exc:
+        raise TargetError(str(exc)) from None
 
 
 def _host_arch() -> str:

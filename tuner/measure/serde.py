@@ -9,6 +9,8 @@ from tuner.measure.result import AccelCycles, EvaluatorConfig, MeasureResult, St
 _FORMATS = {
     "shared_object": common_pb2.SHARED_OBJECT,
     "accel_program": common_pb2.ACCEL_PROGRAM,
+    "cubin": common_pb2.CUBIN,
+    "ptx": common_pb2.PTX,
 }
 _ROLES = {"input": common_pb2.INPUT, "output": common_pb2.OUTPUT, "workspace": common_pb2.WORKSPACE}
 

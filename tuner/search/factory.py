@@ -33,7 +33,9 @@ def make_searcher(
 
     Both skip configs the template calls implausible on `target` (a register tile that spills
     there) and, when given, those `constraint` rejects (a model's layout blocks). `transfer`
-    (xgb only) scores candidates with a model pretrained on other workloads.
+    (xgb only) scores candidates with a model pretrained on other workloads. On a GPU target
+    ("cuda/sm=90") the xgb searcher's model also sees each candidate's GPU features
+    (`tuner.search.gpu_features`: threads, shared memory, registers, occupancy on that sm).
 
     Raises:
         ValueError: an unknown name, or xgboost cannot be imported for "xgb".
@@ -54,7 +56,16 @@ def make_searcher(
         from tuner.search.xgb import XGBSearcher
     except ImportError as exc:
         raise ValueError(f"the xgb tuner is not available here ({exc}); use random") from None
-    return XGBSearcher(task.space, flop=task.flop, seed=seed, valid=valid, transfer=transfer)
+    from tuner.search.gpu_features import gpu_feature_fn
+
+    return XGBSearcher(
+        task.space,
+        flop=task.flop,
+        seed=seed,
+        valid=valid,
+        transfer=transfer,
+        config_features=gpu_feature_fn(task, target),
+    )
 
 
 def searcher_for(

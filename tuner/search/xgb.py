@@ -10,6 +10,11 @@ or `refit_every` new results came in since the last fit: by default every 8 resu
 in small spaces, where a fit plus scoring every config costs tens of milliseconds, and every
 `plan_size` results in large ones, where each plan costs an annealing run. No config is proposed
 twice, including those only told (a resumed run) or excluded.
+
+Extra features (`config_features`, a GPU candidate's threads, shared memory, occupancy...:
+`tuner.search.gpu_features`) cost a lowering per config, too much to score every candidate
+annealing visits: a second model fitted on knob and extra features reorders the
+`rerank` x `plan_size` best of the knob model's plan, and the plan is its `plan_size` best.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ SMALL_SPACE_REFIT = 8
 _RANDOM_TRIES = 2_000
 
 TransferScore = Callable[[np.ndarray], np.ndarray]
+# index array -> extra feature columns [n, d] of those configs
+ConfigFeatures = Callable[[np.ndarray], np.ndarray]
+# Candidates the model over extra features reorders, in plans: each costs one lowering per process.
+RERANK = 4
 
 
 class XGBSearcher:
@@ -60,6 +69,10 @@ class XGBSearcher:
         sa_steps: most annealing steps per plan.
         refit_every: new results after which the model is refitted (default: 8 in spaces
             scored exhaustively, `plan_size` in annealed ones).
+        config_features: extra feature columns of configs (see the module doc); None: knob
+            features alone.
+        rerank: with `config_features`, the knob model's `rerank` x `plan_size` best configs
+            are reordered by the model over knob and extra features.
     """
 
     def __init__(
@@ -78,6 +91,8 @@ class XGBSearcher:
         sa_steps: int = 500,
         refit_every: int | None = None,
         transfer_until: int = 32,
+        config_features: ConfigFeatures | None = None,
+        rerank: int = RERANK,
     ) -> None:
         if len(space) < 1:
             raise ValueError("the config space is empty")
@@ -97,6 +112,9 @@ class XGBSearcher:
         self._transfer = transfer
         self._rng = np.random.default_rng(seed)
         self._model = CostModel(objective, seed=seed)
+        self._config_features = config_features
+        self._rerank = max(1, rerank)
+        self._extra_model = CostModel(objective, seed=seed) if config_features else None
         self._sa = SimulatedAnnealing(space, n_chains=n_chains, n_steps=sa_steps, seed=seed)
         self._proposed: set[int] = set()
         self._results: dict[int, float] = {}  # index -> throughput, 0 for failures
@@ -235,25 +253,39 @@ class XGBSearcher:
         start = time.perf_counter()
         idx = np.fromiter(self._results, dtype=np.int64, count=len(self._results))
         y = normalized_throughput(np.fromiter(self._results.values(), np.float64, idx.size))
-        self._model.fit(knob_features(self.space, idx), y)
+        knobs = knob_features(self.space, idx)
+        self._model.fit(knobs, y)
+        if self._extra_model is not None:
+            self._extra_model.fit(self._with_extra(knobs, idx), y)
         self.fits += 1
         self._fitted_at = len(self._results)
 
         def score(cands: np.ndarray) -> np.ndarray:
             return self._model.predict(knob_features(self.space, cands))
 
+        wanted = self.plan_size * (self._rerank if self._extra_model is not None else 1)
         if self._small:
             order = self._valid_order()
             left = order[[int(i) not in self._proposed for i in order]] if order.size else order
             if left.size:
                 scores = score(left)
-                best = np.argsort(-scores, kind="stable")[: self.plan_size]
+                best = np.argsort(-scores, kind="stable")[:wanted]
                 self._plan = [int(i) for i in left[best]]
             else:
                 self._plan = []
         else:
             self._plan = self._sa.search(
-                score, self.plan_size, exclude=self._proposed, valid=self._is_valid
+                score, wanted, exclude=self._proposed, valid=self._is_valid
             )
+        if self._extra_model is not None and self._plan:
+            plan = np.asarray(self._plan, dtype=np.int64)
+            x = self._with_extra(knob_features(self.space, plan), plan)
+            best = np.argsort(-self._extra_model.predict(x), kind="stable")[: self.plan_size]
+            self._plan = [int(i) for i in plan[best]]
         self.model_seconds += time.perf_counter() - start
         _LOG.debug("refit %d on %d results: plan of %d", self.fits, idx.size, len(self._plan))
+
+    def _with_extra(self, knobs: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        assert self._config_features is not None
+        extra = np.asarray(self._config_features(indices), dtype=np.float32)
+        return np.hstack([knobs, extra.reshape(len(indices), -1)])
