@@ -184,6 +184,7 @@ def tune_network_from_args(
 ) -> tuple[ModelTuneResult, Pool]:
     """Tune `graph` as the flags say (`kiln tune` and `kiln demo`), progress on stderr; the
     result and the pool it ran on. The pool, builder and store live on `stack`."""
+    from kiln.api import gpu_network_unsupported
     from tuner.network.tune import tune_network
 
     options = common.tune_options(args)
@@ -191,6 +192,10 @@ def tune_network_from_args(
     if store is not None:
         stack.callback(store.close)
     pool = common.open_pool(args, stack, pin=args.pipeline)
+    try:
+        gpu_network_unsupported(pool.target)
+    except ValueError as exc:
+        raise CliError.usage(str(exc)) from None
     builder = common.builder(args, pool)
     stack.callback(builder.close)
     try:
