@@ -10,7 +10,11 @@ import numpy as np
 # "vta.*": the VTA-like accelerator's on-chip buffers (input, weight, accumulator), which only
 # its instruction-stream generator (compiler/codegen/vta_lower.py) places.
 VTA_SCOPES = frozenset({"vta.inp", "vta.wgt", "vta.acc"})
-SCOPES = frozenset({"global", "local", "shared"}) | VTA_SCOPES
+# "wmma.*": a warp's tensor-core fragments (compiler/ops/cuda/tensorcore.py). They are opaque:
+# only the WMMA tensor intrinsics read or write them, never an element load or store, and the
+# CUDA renderer declares them as arrays of `nvcuda::wmma::fragment`s.
+WMMA_SCOPES = frozenset({"wmma.matrix_a", "wmma.matrix_b", "wmma.accumulator"})
+SCOPES = frozenset({"global", "local", "shared"}) | VTA_SCOPES | WMMA_SCOPES
 
 
 @dataclass(frozen=True, eq=False)

@@ -114,7 +114,13 @@ class _Accesses(StmtMutator):
         return s
 
     def visit_intrin(self, s: IntrinCall) -> Stmt:
-        self.stored.update(b for b, _, _ in s.operands)  # conservatively: an intrinsic may write
+        # an intrinsic writes its first operand (its output) and reads the others
+        (out, offset, _), *ins = s.operands
+        self.stored.add(out)
+        self.expr(offset)
+        for buf, index, _ in ins:
+            self.loaded.add(buf)
+            self.expr(index)
         return s
 
 

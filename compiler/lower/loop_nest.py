@@ -4,8 +4,10 @@ Each stage's loops are its leaf loops, outermost first; every original axis is r
 leaves through the split and fuse relations, offset by the stage's region start (bound
 inference). A split that does not divide its axis leaves points past the end: the inner loop's
 extent becomes `min(factor, extent - outer * factor)` when the inner loop sits inside every loop
-its outer part depends on, and an `if` guard covers the other cases (loop partition later moves
-both out of the hot loop). A reduction gets its accumulator set to the identity just before the
+its outer part depends on and is not bound to a GPU axis (whose extent is the launch dimension),
+and an `if` guard covers the other cases (loop partition later moves
+both out of the hot loop). A reduction with a loop bound to threads is a cross-thread reduction
+(allreduce.py). A reduction gets its accumulator set to the identity just before the
 first reduction loop, inside the data loops that enclose that loop and over the data loops nested
 within it. Intermediate tensors get buffers: the whole tensor at the top for root stages, just
 the region for attached ones (allocated inside the attach loop, so per thread when parallel).
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from compiler.arith import const_bounds
 from compiler.errors import LowerError
 from compiler.ir import expr as E
-from compiler.ir.buffer import Buffer
+from compiler.ir.buffer import WMMA_SCOPES, Buffer
 from compiler.ir.stmt import (
     Allocate,
     Barrier,
@@ -32,6 +34,7 @@ from compiler.ir.stmt import (
     Stmt,
     seq,
 )
+from compiler.lower.allreduce import lower_allreduce, thread_reduce_leaf
 from compiler.lower.bound import StageBounds, infer_bounds, local_values
 from compiler.schedule.schedule import Schedule, Split, Stage
 from compiler.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
@@ -85,6 +88,9 @@ class _Builder:
                 continue
             b = self.bounds[stage]
             shape = tuple(b.extent[a] for a in stage.op.axis)
+            if stage.row_align is not None:  # padded rows (storage_align)
+                factor, offset = stage.row_align
+                shape = (*shape[:-1], shape[-1] + (offset - shape[-1]) % factor)
             buf_name = _unique(stage.tensor.name, taken)
             buf = Buffer(buf_name, shape, stage.tensor.dtype, stage.scope)
             self.storage[stage.tensor] = _Storage(buf, [b.lo[a] for a in stage.op.axis], False)
@@ -106,7 +112,10 @@ class _Builder:
     # -- one stage --------------------------------------------------------------------------------
 
     def stage(self, stage: Stage) -> Stmt:
-        from compiler.lower.tensorize import tensorized_body  # tensorize imports this module
+        from compiler.lower.tensorize import (  # tensorize imports this module
+            tensorized_body,
+            tensorized_init,
+        )
 
         op = stage.op
         b = self.bounds[stage]
@@ -117,6 +126,11 @@ class _Builder:
             lo = b.lo.get(axis)
             values[axis] = local[axis] if lo is None or _is_zero(lo) else lo + local[axis]
         position = {leaf: i for i, leaf in enumerate(leaves)}
+        # A loop bound to a launch axis keeps its constant extent (the launch dimension): its
+        # tail is a guard. A virtual thread is a loop like any other (a min() extent is fine).
+        launched = {
+            v for v, tag in stage.thread_tags.items() if tag.startswith(("blockIdx", "threadIdx"))
+        }
         extents: dict[IterVar, E.Expr] = {}
         guards: list[E.Expr] = []
         for rel in stage.relations:
@@ -126,8 +140,14 @@ class _Builder:
             if parent_ext % factor == 0:
                 continue
             outer_vars = E.free_vars(local[rel.outer])
-            if rel.inner in position and all(
-                position[leaf] < position[rel.inner] for leaf in leaves if leaf.var in outer_vars
+            if (
+                rel.inner in position
+                and rel.inner not in launched
+                and all(
+                    position[leaf] < position[rel.inner]
+                    for leaf in leaves
+                    if leaf.var in outer_vars
+                )
             ):
                 rest = E.IntImm(parent_ext) - local[rel.outer] * factor
                 extents[rel.inner] = E.Min(E.IntImm(factor), rest)
@@ -138,7 +158,7 @@ class _Builder:
             top = const_bounds(lo, self.ranges)
             if top is not None and top[1] + b.extent[axis] <= n:
                 continue  # the region never runs past the tensor's end
-            if axis in position and axis not in extents:
+            if axis in position and axis not in extents and axis not in launched:
                 extents[axis] = E.Min(E.IntImm(b.extent[axis]), E.IntImm(n) - lo)
             else:
                 guards.append(E.LT(values[axis], E.IntImm(n)))
@@ -152,6 +172,9 @@ class _Builder:
         ) -> Stmt:
             return self.nest(stage, loops, body, conds, extents, attach)
 
+        if thread_reduce_leaf(stage) is not None:  # a reduce loop bound to threads
+            return lower_allreduce(self, stage, extents, guards, subst, out.buffer, index)
+
         at = next((i for i, leaf in enumerate(leaves) if leaf in stage.tensorized), None)
         if at is not None:
             reset, update = tensorized_body(self, stage, at, values, subst, out, index)
@@ -163,12 +186,21 @@ class _Builder:
                 )
             if reset is not None:
                 return nest(leaves[:at], seq(reset, update), guards, True)
-            assert isinstance(op.body, Reduce)
+            if not isinstance(op.body, Reduce):  # a copy intrinsic
+                return nest(leaves[:at], update, guards, True)
             first = next(i for i, leaf in enumerate(leaves) if leaf.kind is IterKind.REDUCE)
-            init = BufferStore(out.buffer, index, op.body.identity())
-            init_nest = nest(
-                [v for v in leaves[first:] if v.kind is IterKind.DATA], init, [], False
-            )
+            if out.buffer.scope in WMMA_SCOPES:  # opaque: only the intrinsic writes it
+                init_nest = nest(
+                    [v for v in leaves[first:at] if v.kind is IterKind.DATA],
+                    tensorized_init(self, stage, at, out, index),
+                    [],
+                    False,
+                )
+            else:
+                init = BufferStore(out.buffer, index, op.body.identity())
+                init_nest = nest(
+                    [v for v in leaves[first:] if v.kind is IterKind.DATA], init, [], False
+                )
             body = seq(init_nest, nest(leaves[first:at], update, [], True))
             return nest(leaves[:first], body, guards, True)
 
@@ -257,7 +289,13 @@ class _Builder:
         """Indices into `st`'s buffer for absolute tensor indices (`local` when they are known)."""
         if local is not None and not st.is_param:
             return tuple(local)
-        return tuple(a if _is_zero(lo) else a - lo for a, lo in zip(absolute, st.lo, strict=True))
+        rel = [a if _is_zero(lo) else a - lo for a, lo in zip(absolute, st.lo, strict=True)]
+        if st.buffer.scope == "local":
+            # A dimension of one element is indexed 0: a region that spans a whole dimension
+            # keeps absolute indices (a block index whose grid is one block), which a GPU
+            # compiler cannot prove constant, so a register tile indexed by them would spill.
+            rel = [E.IntImm(0) if n == 1 else i for i, n in zip(rel, st.buffer.shape, strict=True)]
+        return tuple(rel)
 
     def to_ir(self, e: E.Expr, subst: dict[E.Var, E.Expr], stage: Stage) -> E.Expr:
         """A tensor expression as loop IR: axis variables replaced, tensor reads as buffer loads."""

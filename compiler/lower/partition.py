@@ -9,7 +9,9 @@ into up to three pieces; each piece is a loop of its own (or, when one iteration
 with v replaced by the constant), simplified with v's narrower range so that the candidate folds.
 Pieces are partitioned again for further candidates; every cut lies strictly inside its loop, so
 the recursion ends. A partitioned parallel loop gives several parallel loops, which the C
-renderer runs in one parallel region.
+renderer runs in one parallel region. Loops bound to GPU grid axes are never cut: their extent
+is the launch dimension, a one-iteration piece would lose its loop (every thread would run it),
+and a guard on a thread index costs no loop of its own anyway.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import itertools
 from compiler.arith import const_bounds, difference, linear_form, simplify
 from compiler.ir import expr as E
 from compiler.ir.function import PrimFunc
-from compiler.ir.stmt import Allocate, For, IfThenElse, Seq, Stmt, seq
+from compiler.ir.stmt import Allocate, For, ForKind, IfThenElse, Seq, Stmt, seq
 from compiler.ir.transform import StmtMutator, substitute_stmt
 from compiler.lower.simplify import StmtSimplifier
 
@@ -39,7 +41,12 @@ class _Partition(StmtMutator):
         self.pieces = 0
 
     def visit_for(self, s: For) -> Stmt:
-        if isinstance(s.extent, E.IntImm) and s.extent.value > 1 and self.pieces < MAX_PIECES:
+        if (
+            isinstance(s.extent, E.IntImm)
+            and s.extent.value > 1
+            and s.kind is not ForKind.THREAD_BINDING
+            and self.pieces < MAX_PIECES
+        ):
             cuts = _cuts(s, self.ranges)
             if cuts:
                 return self.split(s, cuts)

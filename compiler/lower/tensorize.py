@@ -5,7 +5,13 @@ extent, in order: data axes then reduction axes), and the stage must read as man
 intrinsic. Each operand's region is passed as its first element (the loops inside set to 0) and
 one stride per intrinsic dimension, read off the linear form of the flat index. When the stage's
 reduction starts inside the tensorized loops the intrinsic's reset part runs first; otherwise the
-accumulator is initialised by an ordinary loop nest and only the update part is called.
+accumulator is initialised by an ordinary loop nest and only the update part is called, unless
+the accumulator is opaque (a WMMA fragment, `compiler.ir.buffer.WMMA_SCOPES`): element stores
+cannot reach it, so its initialisation is the reset part too, called over the data loops between
+the first reduction loop and the tensorized ones (`tensorized_init`).
+
+A stage without a reduction (a copy, such as loading a fragment from shared memory) matches an
+intrinsic without one: its loops are replaced by the intrinsic's update part alone.
 """
 
 from __future__ import annotations
@@ -51,8 +57,14 @@ def tensorized_body(
                 f"({ax.kind.value}, {ax.extent})"
             )
     body = stage.op.body
-    if not isinstance(body, Reduce) or body.combiner != "sum":
+    reduces = isinstance(intrin.op.body, Reduce)
+    if reduces and (not isinstance(body, Reduce) or body.combiner != "sum"):
         raise LowerError(f"stage {stage.name}: tensorize {intrin.name} needs a sum reduction")
+    if not reduces and isinstance(body, Reduce):
+        raise LowerError(
+            f"stage {stage.name}: tensorize {intrin.name}, which has no reduction, on a reduction"
+        )
+    source = body.source if isinstance(body, Reduce) else body
     leaf_of = {ax.var: leaf.var for ax, leaf in zip(axes, leaves, strict=True)}
     zero: dict[E.Var, E.Expr] = {leaf.var: E.IntImm(0) for leaf in leaves}
 
@@ -77,7 +89,7 @@ def tensorized_body(
     out_dims = [ax.var for ax in intrin.op.axis]
     operands = [region(out.buffer, index, out_dims)]
     shapes = [intrin.output.shape]
-    stage_reads = [n for n in walk(body.source) if isinstance(n, TensorLoad)]
+    stage_reads = [n for n in walk(source) if isinstance(n, TensorLoad)]
     intrin_reads = [n for n in walk(intrin.op.body) if isinstance(n, TensorLoad)]
     if len(stage_reads) != len(intrin_reads):
         raise LowerError(
@@ -99,6 +111,8 @@ def tensorized_body(
         operands.append(region(load.buffer, load.indices, dims))
         shapes.append(theirs.tensor.shape)
     update = _call(intrin, intrin.update, operands, shapes, intrin.emulate_update)
+    if not reduces:
+        return None, update
     first_reduce = next(
         i for i, leaf in enumerate(stage.leaf_iter_vars) if leaf.kind.value == "reduce"
     )
@@ -111,6 +125,42 @@ def tensorized_body(
         )
     reset = _call(intrin, intrin.reset, operands[:1], shapes[:1], intrin.emulate_reset)
     return reset, update
+
+
+def tensorized_init(
+    builder: _Builder, stage: Stage, at: int, out: _Storage, index: tuple[E.Expr, ...]
+) -> Stmt:
+    """The reset call initialising the output region of `stage`'s intrinsic at leaf `at`, for an
+    accumulator that only the intrinsic can write (the caller loops it over the data loops
+    between the first reduction loop and `at`).
+
+    Raises:
+        LowerError: the intrinsic has no reset part, or the output's index is not linear.
+    """
+    leaves = stage.leaf_iter_vars[at:]
+    intrin = stage.tensorized[leaves[0]]
+    if intrin.reset is None or intrin.emulate_reset is None:
+        raise LowerError(
+            f"stage {stage.name}: tensorize {intrin.name}: the accumulator {out.buffer.name} "
+            f"({out.buffer.scope}) is opaque and the intrinsic has no reset part to initialise it"
+        )
+    axes = intrin.op.axis
+    flat: E.Expr = E.IntImm(0)
+    for i, st in zip(index, out.buffer.strides, strict=True):
+        flat = flat + i * st
+    flat = simplify(flat)
+    strides = []
+    for leaf in leaves[: len(axes)]:
+        form = linear_form(flat, leaf.var)
+        if form is None:
+            raise LowerError(
+                f"stage {stage.name}: tensorize {intrin.name}: {out.buffer.name}'s index is not "
+                f"linear in loop {leaf.name}"
+            )
+        strides.append(form[0])
+    zero: dict[E.Var, E.Expr] = {leaf.var: E.IntImm(0) for leaf in leaves}
+    operand = (out.buffer, simplify(E.substitute(flat, zero)), tuple(strides))
+    return _call(intrin, intrin.reset, [operand], [intrin.output.shape], intrin.emulate_reset)
 
 
 def _call(

@@ -7,7 +7,13 @@ Templates: `dense` (packed weights), `conv2d_nchwc` (KxK), `conv2d_1x1_nchwc`,
 `avg_pool2d_nchwc`, `global_avg_pool2d_nchwc`, `softmax`, `layer_norm`, elementwise `add`,
 `multiply`, `relu`, `add_relu`, `reduce_sum`, the skeleton's `matmul` (plain [K][N] B), and
 `vta_dense` and `vta_conv2d` (int8, for the VTA-like accelerator: target "vta" builds
-instruction streams; vta_conv2d's are lowered from its TE schedule).
+instruction streams; vta_conv2d's are lowered from its TE schedule), and `cuda_dense_fp16_tc`
+(fp16 in, fp32 out, on tensor cores through the WMMA intrinsics of `cuda.tensorcore`);
+float32 `cuda_dense`, `cuda_batch_matmul`, `cuda_conv2d`, `cuda_conv2d_gemm` (`cuda.gemm`,
+`cuda.conv2d`); `cuda_depthwise_conv2d`, `cuda_max_pool2d`, `cuda_avg_pool2d`,
+`cuda_global_avg_pool2d`, `cuda_softmax`, `cuda_layer_norm` and `cuda_elementwise_<op>`
+(`cuda.depthwise`, `cuda.pool`, `cuda.norm`, `cuda.injective`, whose
+`schedule_injective_cuda` schedules any fused injective group).
 `layout` holds the NCHW <-> NCHW[x]c and weight packings they take.
 """
 
@@ -16,6 +22,13 @@ from __future__ import annotations
 from compiler.ops.base import OpTemplate, Template
 from compiler.ops.conv2d import Conv2d1x1Template, Conv2dNCHWcTemplate, Conv2dStemTemplate
 from compiler.ops.conv2d_grouped import GroupedConv2d1x1Template
+from compiler.ops.cuda.conv2d import CudaConv2dGemmTemplate, CudaConv2dTemplate
+from compiler.ops.cuda.depthwise import CudaDepthwiseConv2dTemplate
+from compiler.ops.cuda.gemm import CudaBatchMatmulTemplate, CudaDenseTemplate
+from compiler.ops.cuda.injective import CUDA_ELEMENTWISE
+from compiler.ops.cuda.norm import CudaLayerNormTemplate, CudaSoftmaxTemplate
+from compiler.ops.cuda.pool import CudaGlobalAvgPoolTemplate, CudaPool2dTemplate
+from compiler.ops.cuda.tensorcore import TensorCoreDenseTemplate
 from compiler.ops.dense import DenseTemplate
 from compiler.ops.depthwise import DepthwiseConv2dTemplate
 from compiler.ops.injective import ELEMENTWISE_OPS, ElementwiseTemplate
@@ -46,6 +59,18 @@ _LIBRARY: tuple[Template, ...] = (
     *(ElementwiseTemplate(op) for op in ELEMENTWISE_OPS),
     VtaDenseTemplate(),
     VtaConv2dTemplate(),
+    TensorCoreDenseTemplate(),  # cuda_dense_fp16_tc: fp16 GEMM on tensor cores (WMMA)
+    CudaDenseTemplate(),
+    CudaBatchMatmulTemplate(),
+    CudaConv2dTemplate(),
+    CudaConv2dGemmTemplate(),
+    CudaDepthwiseConv2dTemplate(),
+    CudaPool2dTemplate("max"),
+    CudaPool2dTemplate("avg"),
+    CudaGlobalAvgPoolTemplate(),
+    CudaSoftmaxTemplate(),
+    CudaLayerNormTemplate(),
+    *CUDA_ELEMENTWISE,
 )
 _TEMPLATES: dict[str, Template] = {t.name: t for t in _LIBRARY}
 

@@ -9,7 +9,9 @@ It is a schedule of the tensor-expression compute, not hand-written CUDA: `rende
 lowered function into the kernel.
 
 The sizes must be multiples of the tiles (the kernel has no tail guards); `check_gemm_config`
-says which one is not.
+says which one is not. The op library's tunable GPU templates (`cuda_dense`, `cuda_batch_matmul`
+and the convolutions, with virtual threads, padded tiles, 128-bit copies and epilogues) are in
+`compiler/ops/cuda/gemm.py`; this fixed schedule stays for the benchmark and its figures.
 """
 
 from __future__ import annotations

@@ -74,6 +74,8 @@ class Stage:
         self.attach_ivar: IterVar | None = None
         self.scope = "global"
         self.double_buffered = False
+        # (factor, offset) of storage_align: the buffer's row stride is offset mod factor
+        self.row_align: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
@@ -192,15 +194,24 @@ class Stage:
         self._annotate(axis, ForKind.PARALLEL)
 
     def bind(self, axis: IterVar, thread_tag: str) -> None:
-        """Map `axis` onto a GPU grid axis: "blockIdx.x", "threadIdx.y", "vthread.x", ..."""
+        """Map `axis` onto a GPU grid axis: "blockIdx.x", "threadIdx.y", "vthread.x", ...
+
+        A reduction axis may be bound to a threadIdx axis: the block's threads then share the
+        reduction, combining their partials in shared memory (lower/allreduce.py).
+        """
         self._leaf_position(axis, "bind")
         if thread_tag not in THREAD_TAGS:
             raise ScheduleError(
                 f"stage {self.name}: bind of axis {axis.name} to {thread_tag!r}, "
                 f"not one of {sorted(THREAD_TAGS)}"
             )
-        if axis.kind is IterKind.REDUCE:
-            raise ScheduleError(f"stage {self.name}: cannot bind reduction axis {axis.name}")
+        if axis.kind is IterKind.REDUCE and not thread_tag.startswith("threadIdx"):
+            # A reduce loop on threads is a cross-thread reduction (lower/allreduce.py); on
+            # blocks or virtual threads its partial sums would have no shared memory to meet in.
+            raise ScheduleError(
+                f"stage {self.name}: reduction axis {axis.name} can be bound to threadIdx "
+                f"only, not {thread_tag}"
+            )
         if axis in self.kinds:
             raise ScheduleError(
                 f"stage {self.name}: bind of axis {axis.name}, already {self.kinds[axis].value}"
@@ -225,6 +236,24 @@ class Stage:
                 f"intrinsic {intrin.name} has {want}"
             )
         self.tensorized[axis] = intrin
+
+    def storage_align(self, axis: IterVar, factor: int, offset: int) -> None:
+        """Pad the rows of this stage's buffer: the stride of `axis`, its second-to-last data
+        axis, becomes the smallest one >= its row length that is `offset` mod `factor` (TVM's
+        storage_align). Padded rows move a shared tile's columns across memory banks, so the
+        threads reading one column conflict less; the padding is never read or written."""
+        axes = self.op.axis
+        if len(axes) < 2 or axis is not axes[-2]:
+            raise ScheduleError(
+                f"stage {self.name}: storage_align of axis {axis.name}: only the second-to-last "
+                "data axis (the rows) can be aligned"
+            )
+        if factor < 1 or not 0 <= offset < factor:
+            raise ScheduleError(
+                f"stage {self.name}: storage_align needs factor >= 1 and 0 <= offset < factor, "
+                f"got {factor}, {offset}"
+            )
+        self.row_align = (factor, offset)
 
     def double_buffer(self) -> None:
         """Give this attached stage two buffers so the next iteration's copy overlaps this one's use."""

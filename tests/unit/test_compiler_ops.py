@@ -188,7 +188,10 @@ def test_interpreted_kernels_match_numpy(name: str) -> None:
 
 
 def test_every_library_template_is_covered() -> None:
-    assert set(ops.op_templates()) == set(CASES)
+    # GPU templates render CUDA, not C: tests/integration/test_cuda_templates_*.py and
+    # test_cuda_tensorcore.py check them in the interpreter and with nvcc.
+    cpu = {name for name in ops.op_templates() if not name.startswith("cuda_")}
+    assert cpu == set(CASES)
 
 
 def test_registry_keeps_matmul_and_names_the_known_templates() -> None:

@@ -45,6 +45,22 @@ SHAPES: dict[str, list[tuple[int, ...]]] = {
     "multiply": [(3, 40)],
     "relu": [(3, 40)],
     "add_relu": [(3, 40)],
+    # GPU templates: the agent checks a GPU candidate against this host reference
+    "cuda_dense": [(9, 20, 13), (8, 16, 24, 2)],
+    "cuda_batch_matmul": [(2, 9, 20, 13)],
+    "cuda_dense_fp16_tc": [(32, 48, 64)],
+    "cuda_conv2d": [(1, 5, 9, 8, 7, 3, 3, 1, 1, 2), (2, 3, 7, 7, 4, 3, 3, 2, 0, 0)],
+    "cuda_conv2d_gemm": [(1, 5, 9, 8, 7, 3, 3, 1, 1, 1), (1, 8, 6, 6, 16, 1, 1, 2, 0, 0)],
+    "cuda_depthwise_conv2d": [(1, 19, 9, 11, 3, 3, 2, 1, 3)],
+    "cuda_max_pool2d": [(1, 5, 9, 11, 3, 2, 1)],
+    "cuda_avg_pool2d": [(1, 5, 8, 8, 2, 2, 0)],
+    "cuda_global_avg_pool2d": [(1, 5, 7, 9)],
+    "cuda_softmax": [(3, 37)],
+    "cuda_layer_norm": [(3, 37)],
+    "cuda_elementwise_add": [(3, 37)],
+    "cuda_elementwise_multiply": [(3, 37)],
+    "cuda_elementwise_relu": [(3, 37)],
+    "cuda_elementwise_add_relu": [(3, 37)],
 }
 ALTERNATIVES_PER_KNOB = 2
 
