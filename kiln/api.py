@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from compiler import ops
+from compiler.ops.injective import ELEMENTWISE_OPS
 from kiln.pool import Pool
 from tuner.loop import Callback, TuneProgress, tune
 from tuner.measure.builder import Builder
@@ -42,7 +43,12 @@ OP_ALIASES = {"conv2d": "conv2d_nchwc", "conv2d_1x1": "conv2d_1x1_nchwc"}
 
 # The GPU template of a CPU op whose name is not "cuda_" + the op's without its layout suffix
 # (`gpu_template_name`); the workload's fields are the same (a 1x1 conv is a GEMM on a GPU).
-GPU_TEMPLATES = {"conv2d_1x1_nchwc": "cuda_conv2d_gemm"}
+GPU_TEMPLATES = {
+    "conv2d_1x1_nchwc": "cuda_conv2d_gemm",
+    "conv2d_stem_nchwc": "cuda_conv2d",
+    "conv2d_winograd_nchwc": "cuda_conv2d",
+    **{op: f"cuda_elementwise_{op}" for op in ELEMENTWISE_OPS},
+}
 GPU_PREFIX = "cuda_"
 
 

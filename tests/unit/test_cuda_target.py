@@ -182,19 +182,38 @@ def test_for_target_maps_ops_onto_gpu_templates(tiny_gemm: Task) -> None:
     assert for_target(dense, "x86_64") is dense
 
 
-def test_for_target_maps_dense_when_the_gpu_template_exists(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    "op, shape, gpu_op",
+    [
+        ("dense", (64, 48, 32), "cuda_dense"),
+        ("conv2d_nchwc", (1, 8, 10, 10, 16, 3, 3, 1, 1, 0), "cuda_conv2d"),
+        ("conv2d_winograd_nchwc", (1, 8, 10, 10, 16, 3, 3, 1, 1, 2), "cuda_conv2d"),
+        ("conv2d_stem_nchwc", (1, 3, 16, 16, 8, 3, 3, 2, 1, 0), "cuda_conv2d"),
+        ("conv2d_1x1_nchwc", (1, 8, 10, 10, 16, 1, 1, 1, 0, 2), "cuda_conv2d_gemm"),
+        ("depthwise_conv2d_nchwc", (1, 8, 10, 10, 3, 3, 1, 1, 0), "cuda_depthwise_conv2d"),
+        ("max_pool2d_nchwc", (1, 8, 10, 10, 3, 2, 1), "cuda_max_pool2d"),
+        ("avg_pool2d_nchwc", (1, 8, 10, 10, 3, 2, 1), "cuda_avg_pool2d"),
+        ("global_avg_pool2d_nchwc", (1, 8, 7, 7), "cuda_global_avg_pool2d"),
+        ("softmax", (4, 37), "cuda_softmax"),
+        ("layer_norm", (4, 37), "cuda_layer_norm"),
+        ("add", (4, 37), "cuda_elementwise_add"),
+        ("relu", (4, 37), "cuda_elementwise_relu"),
+    ],
+)
+def test_every_cpu_op_with_a_gpu_template_maps_onto_it(
+    op: str, shape: tuple[int, ...], gpu_op: str
 ) -> None:
-    dense = op_task("dense", (64, 64, 64))
-    if "cuda_dense" not in ops.template_names():
-        with pytest.raises(ValueError, match="no GPU template for dense"):
-            for_target(dense, "cuda/sm=90")
-        # stand one in: the mapping keeps the workload's fields and dtype
-        monkeypatch.setitem(ops._TEMPLATES, "cuda_dense", ops.get_template("dense"))
-    gpu = for_target(dense, "cuda/sm=90")
-    assert gpu.workload == rec.Workload("cuda_dense", (64, 64, 64), dense.workload.dtype)
-    with pytest.raises(ValueError, match="no GPU template for softmax_nope"):
-        for_target(Task(rec.Workload("softmax_nope", (4, 4))), "cuda/sm=90")
+    task = op_task(op, shape)
+    gpu = for_target(task, "cuda/sm=90")
+    assert gpu.workload.op == gpu_op
+    assert gpu.workload.shape[: len(shape)] == task.workload.shape  # same fields, same order
+    assert gpu.workload.dtype == task.workload.dtype
+    assert len(gpu.space) > 0
+
+
+def test_an_op_without_a_gpu_template_is_refused() -> None:
+    with pytest.raises(ValueError, match="no GPU template for reduce_sum"):
+        for_target(op_task("reduce_sum", (4, 37, 1)), "cuda/sm=90")
 
 
 # -- features ---------------------------------------------------------------------------------
