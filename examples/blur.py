@@ -17,10 +17,28 @@ in one small tile.
 Two schedules of that one algorithm:
 - clean: the defaults. blur_x is computed whole (a 16 MiB intermediate at 2048 x 2048, allocated
   per call) and both stages run as plain row-major loops, as a straightforward C++ version would.
-- tuned: the paper's schedule, with this machine's tile (`TunedConfig`). blur_y is tiled
-  `tile_y` x `tile_x`, its inner x axis is vectorized and its row of tiles (the outer y axis) runs
-  in parallel (OpenMP); blur_x is computed at each tile of blur_y (`tile_y + 2` rows of
-  `tile_x`: it stays in L2), vectorized too.
+- tuned (`TunedConfig`): groups of `rows` rows run in parallel (OpenMP); in each, blur_y is
+  computed one vector column (`lanes` wide, `rows` rows unrolled) at a time, and blur_x is
+  computed at that column: `rows + 2` vectors, held in registers (scope "local", constant
+  indices), never stored. blur_y's stores stream past the caches (pragma NONTEMPORAL: no read of
+  each output line before it is written, and the output does not evict the input).
+
+Why: the blur does ~6 flops a pixel, so memory bounds it more than arithmetic. The clean schedule
+moves ~6 bytes through the memory system per output byte (image in, blur_x out and back, blur_y
+read for ownership and written); the tuned one 2, the least any schedule can (image read once,
+blur_y written once). The paper's schedule (tiles of blur_y, blur_x computed per tile into a buffer
+in L2), tuned here before, still wrote and re-read blur_x through the caches and read each output
+line before writing it. In the same runs (AMD EPYC, 2 shared cores, other jobs running; clean
+0.44-0.49 ms/MP) it took 0.34-0.38 ms/MP on one thread where this one takes 0.14-0.19, and
+0.18-0.20 on two (2.0-2.3x over clean) where this one takes 0.10-0.13 (3.7-4.4x) and, on quieter
+runs, 0.065-0.075 (6-8x). On two threads it runs within 5-20% of a copy of the same bytes
+(`benchmarks/cores.py`, blur_vs_copy 0.85-0.98), which itself gets only 4.0-4.5x over clean while
+other jobs load the machine: what is left is the memory system's.
+
+`nontemporal` matters: stored normally the output costs a read of each line first (1.2-1.3x slower
+than streamed). The streaming store needs the vector's alignment, so the benchmark's buffers are
+64-byte aligned (`aligned_zeros`; numpy aligns to 16) for every variant; a kernel given other
+addresses stores normally, with the same results.
 
 `PLAIN_C` is the same two loops written by hand (the intermediate allocated per call, as the
 paper's clean C++), built with gcc -O3 -march=native and called through ctypes.
@@ -51,11 +69,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from compiler import te
 from compiler.build import build_source
+from compiler.codegen.vector import NONTEMPORAL
 from compiler.schedule import Schedule, create_schedule
 from compiler.toolchain import Target, compile_shared
 
 THIRD = 1.0 / 3.0  # rendered as a float32 constant: np.float32(1 / 3) in the reference
 RTOL = 1e-6  # relative: a couple of float32 ulps (values in [0, 1); atol the same)
+ALIGN_BYTES = 64  # of the benchmark's buffers: one AVX-512 vector, one cache line
 
 
 @dataclass(frozen=True)
@@ -91,45 +111,45 @@ def clean_schedule(height: int, width: int) -> tuple[Schedule, list[te.Tensor]]:
 
 @dataclass(frozen=True)
 class TunedConfig:
-    """The tuned schedule's knobs: blur_y's tile (rows, columns), the vector width in lanes, and
-    how many rows of a tile one pass of its vector loop computes (1: no unrolling).
+    """The tuned schedule's knobs: rows of blur_y per vector column (`rows`: blur_x's `rows + 2`
+    vectors of the column live in registers), the vector width in lanes, and whether blur_y's
+    stores stream past the caches (`nontemporal`)."""
 
-    The paper's tiles were 32 x 256. Here (AMD EPYC, 2 cores, 2026-11-27) tiles as wide as the
-    2048-pixel image were 1.3-1.5x faster on one thread: blur_x then reads whole input rows,
-    which the hardware prefetcher streams, where a 256-wide tile reads 34 pieces of 1 KiB.
-    """
-
-    tile_y: int = 32
-    tile_x: int = 2048
-    lanes: int = 8
-    unroll_y: int = 4
+    rows: int = 8
+    lanes: int = 16
+    nontemporal: bool = True
 
 
 def tuned_schedule(
     height: int, width: int, cfg: TunedConfig = TunedConfig()
 ) -> tuple[Schedule, list[te.Tensor]]:
-    """Halide's schedule: tiles, vectorized x, parallel rows of tiles, blur_x per tile.
+    """Groups of `rows` rows in parallel; in each, blur_y one vector column at a time, the
+    column's blur_x computed right there into registers.
 
-    Beyond the paper, `unroll_y` rows of blur_y are computed per vector column: they read
-    `unroll_y + 2` rows of blur_x instead of `3 * unroll_y` (gcc reuses the loaded vectors).
-    Sizes that the tile or the vector width do not divide are fine: loop partition gives the
-    tails their own loops (and a partial row of tiles runs after the parallel loop).
+    blur_x is computed at blur_y's vector column (`compute_at` the column loop): bound inference
+    gives `rows + 2` rows of `lanes`, which "local" scope and constant indices (blur_x's loops
+    unrolled and vectorized) turn into vector registers (lower/promote.py); blur_y's `rows` rows
+    are unrolled beside them. Two rows of blur_x in `rows + 2` are computed twice (also by the
+    group below). The parallel loop runs over the groups themselves, so OpenMP's static schedule
+    splits them evenly whatever the height (256 groups at 2048 rows, 135 at 1080); rows and
+    columns that `rows` or `lanes` do not divide get their own loops (loop partition).
     """
     b = blur_algorithm(height, width)
     s = create_schedule(b.blur_y)
     y, x = b.blur_y.op.axis
-    yo, xo, yi, xi = s[b.blur_y].tile(y, x, cfg.tile_y, cfg.tile_x)
-    xio, xii = s[b.blur_y].split(xi, cfg.lanes)
-    if cfg.unroll_y > 1:
-        yio, yii = s[b.blur_y].split(yi, cfg.unroll_y)
-        s[b.blur_y].reorder(yo, xo, yio, xio, yii, xii)
-        s[b.blur_y].unroll(yii)
-    s[b.blur_y].vectorize(xii)
+    yo, yi = s[b.blur_y].split(y, cfg.rows)
+    xo, xi = s[b.blur_y].split(x, cfg.lanes)
+    s[b.blur_y].reorder(yo, xo, yi, xi)
+    s[b.blur_y].unroll(yi)
+    s[b.blur_y].vectorize(xi)
+    if cfg.nontemporal:
+        s[b.blur_y].pragma(xi, NONTEMPORAL)
     s[b.blur_y].parallel(yo)
-    s[b.blur_x].compute_at(s[b.blur_y], xo)  # bound inference: tile_y + 2 rows of tile_x
-    _, bx = b.blur_x.op.axis
-    _bxo, bxi = s[b.blur_x].split(bx, cfg.lanes)
-    s[b.blur_x].vectorize(bxi)
+    s[b.blur_x].compute_at(s[b.blur_y], xo)  # bound inference: rows + 2 rows of one column
+    s[b.blur_x].set_scope("local")
+    by, bx = b.blur_x.op.axis
+    s[b.blur_x].unroll(by)
+    s[b.blur_x].vectorize(bx)
     return s, [b.image, b.blur_y]
 
 
@@ -252,9 +272,24 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def aligned_zeros(shape: tuple[int, ...], align_bytes: int = ALIGN_BYTES) -> np.ndarray:
+    """float32 zeros whose data starts on an `align_bytes` boundary.
+
+    numpy aligns large arrays to 16 bytes only; the tuned kernel's streaming stores need their
+    vector's alignment (its rows of 2048 floats then all start aligned) and take ordinary
+    stores elsewhere. Every variant gets such buffers, so all see the same alignment.
+    """
+    size = int(np.prod(shape))
+    raw = np.zeros(size + align_bytes // 4, np.float32)
+    skip = (-raw.ctypes.data % align_bytes) // 4
+    return raw[skip : skip + size].reshape(shape)
+
+
 def random_image(height: int, width: int, seed: int = 0) -> np.ndarray:
-    """A padded float32 test image, values in [0, 1)."""
-    return np.random.default_rng(seed).random((height + 2, width + 2), dtype=np.float32)
+    """A padded float32 test image, values in [0, 1), in an aligned buffer (`aligned_zeros`)."""
+    image = aligned_zeros((height + 2, width + 2))
+    image[...] = np.random.default_rng(seed).random((height + 2, width + 2), dtype=np.float32)
+    return image
 
 
 def ms_per_megapixel(seconds: float, height: int, width: int) -> float:
@@ -296,7 +331,7 @@ def blur_calls(height: int, width: int, threads: int, image: np.ndarray) -> dict
         AssertionError: a variant's output differs from numpy's.
     """
     want = reference(image)
-    out = {name: np.zeros((height, width), np.float32) for name in ("clean", "tuned", "c")}
+    out = {name: aligned_zeros((height, width)) for name in ("clean", "tuned", "c")}
     clean = kiln_call(*clean_schedule(height, width), image, out["clean"], "blur_clean")
     tuned = kiln_call(*tuned_schedule(height, width), image, out["tuned"], "blur_tuned")
     variants = {

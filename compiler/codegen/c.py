@@ -14,7 +14,9 @@ loop), larger ones aligned heap blocks freed at the end of their scope (a kernel
 ALLOC_FAILED, or aborts inside a parallel region, when memory runs out). A register-promoted
 buffer (`Buffer.registers`, lower/promote.py) is no array: each scalar slot is a local variable
 and each vector slot one `kiln_vec_*` variable per register-wide chunk, named by the first
-element it holds (`C_local_16`); constant indices pick the variable (and its lane).
+element it holds (`C_local_16`); constant indices pick the variable (and its lane). A function
+with streaming stores (`codegen.vector.NONTEMPORAL`) fences them at the end of each iteration of a
+parallel loop that issues them and before it returns.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ RESERVED_PREFIXES = (
     "kiln_vec_",
     "kiln_vload_",
     "kiln_vstore_",
+    "kiln_vstream_",
+    "kiln_stream_",
     "kiln_timing_",
 )
 _MAX_UNROLL = 65534  # GCC rejects larger `#pragma GCC unroll` counts
@@ -157,17 +161,20 @@ def render_c(
 def unit_source(rendered: Sequence[tuple[FunctionWriter, str]], extra: Sequence[str] = ()) -> str:
     """One translation unit of functions already rendered ((writer, its `render()`) pairs): the
     prelude, the vector and math helpers those functions use, the functions, then `extra`."""
-    from compiler.codegen.vector import vector_helpers
+    from compiler.codegen.vector import STREAM_PRELUDE, stream_helper, vector_helpers
     from compiler.codegen.vector_math import vector_math_helpers
 
     writers = [w for w, _ in rendered]
     vec_types = sorted({t for w in writers for t in w.vec_types})
+    stream_types = sorted({t for w in writers for t in w.stream_types})
+    streams = [STREAM_PRELUDE, *(stream_helper(*t) for t in stream_types)] if stream_types else []
     math = vector_math_helpers({c for w in writers for c in w.vec_math})
     intrinsics = sorted({src for w in writers for src in w.intrin_sources})
     return "\n".join(
         [
             PRELUDE,
             *(vector_helpers(*t) for t in vec_types),
+            *streams,
             *math,
             *intrinsics,
             *(body for _, body in rendered),
@@ -185,6 +192,8 @@ class FunctionWriter:
         self.vector_bytes = vector_bytes
         self.vec_types: set[tuple[str, int]] = set()
         self.vec_math: set[tuple[str, int]] = set()  # (math function, lanes) in vector form
+        self.stream_types: set[tuple[str, int]] = set()  # vector types stored by streaming
+        self.stream_stores = 0  # streaming store statements rendered so far
         self.intrin_sources: set[str] = set()
         self._names: dict[object, str] = {}
         self._taken: set[str] = set(_C_KEYWORDS) | {symbol}
@@ -198,6 +207,8 @@ class FunctionWriter:
             ctype = _ctype(buf.dtype)
             lines.append(f"  {ctype} *restrict {self.name(buf)} = ({ctype} *)args[{i}];")
         lines += self.top(self.func.body, 1)
+        if self.stream_stores:
+            lines.append("  kiln_stream_fence();")
         lines += ["  return 0;", "}", ""]
         return "\n".join(lines)
 
@@ -458,7 +469,12 @@ class FunctionWriter:
         pad = "  " * depth
         v = self.name(s.var)
         header = f"{pad}for ({_ctype(s.var.dtype)} {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{"
-        return [*(pad + p for p in pragmas), header, *self.stmt(s.body, depth + 1), f"{pad}}}"]
+        streams_before = self.stream_stores
+        body = self.stmt(s.body, depth + 1)
+        if s.kind is ForKind.PARALLEL and self.stream_stores > streams_before:
+            # This thread's streaming stores, visible before the region's end lets others read.
+            body.append(f"{pad}  kiln_stream_fence();")
+        return [*(pad + p for p in pragmas), header, *body, f"{pad}}}"]
 
 
 def _omp_schedule(s: For) -> str:

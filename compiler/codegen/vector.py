@@ -10,6 +10,14 @@ memory is read and written through memcpy, which gcc turns into single unaligned
 wider than one 64-byte register become one vector statement per register-wide chunk. A slice of
 a register-promoted buffer is its vector variables themselves (assigned and read, no memcpy);
 a loop whose lanes do not match that buffer's slot takes the scalar path.
+
+A vectorized loop with the pragma NONTEMPORAL (`Stage.pragma(axis, "nontemporal")`) stores through
+`kiln_vstream_*`: a streaming (non-temporal) store where the target has one for the vector's width
+and the address is aligned to it, else the ordinary store. Streaming stores write around the
+caches: an output written once and not read again soon then neither evicts the kernel's inputs
+nor is read in before being overwritten. They are weakly ordered, so the C renderer fences them
+(`kiln_stream_fence`) at the end of each parallel iteration that issues them and before the
+function returns.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from compiler.arith.linear import linear_form
 from compiler.codegen.ctypes import C_TYPES, constant_bound
 from compiler.ir import expr as E
 from compiler.ir.buffer import Buffer
-from compiler.ir.stmt import For, Store
+from compiler.ir.stmt import For, ForKind, Store
 
 if TYPE_CHECKING:
     from compiler.codegen.c import FunctionWriter
@@ -37,6 +45,30 @@ _OPS = {E.Add: "+", E.Sub: "-", E.Mul: "*", E.Div: "/"}
 _CMP = {E.LT: "<", E.LE: "<=", E.EQ: "==", E.NE: "!="}
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _MASK_DTYPE = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
+NONTEMPORAL = "nontemporal"  # pragma of a vectorized loop: stream its stores past the caches
+# x86 streaming stores by (dtype kind, vector bytes): the macro that says the target has the
+# instruction, the intrinsic, and the intrinsic's vector type.
+_STREAM = {
+    ("float32", 16): ("__SSE__", "_mm_stream_ps", "__m128"),
+    ("float32", 32): ("__AVX__", "_mm256_stream_ps", "__m256"),
+    ("float32", 64): ("__AVX512F__", "_mm512_stream_ps", "__m512"),
+    ("float64", 16): ("__SSE2__", "_mm_stream_pd", "__m128d"),
+    ("float64", 32): ("__AVX__", "_mm256_stream_pd", "__m256d"),
+    ("float64", 64): ("__AVX512F__", "_mm512_stream_pd", "__m512d"),
+    ("int", 16): ("__SSE2__", "_mm_stream_si128", "__m128i"),
+    ("int", 32): ("__AVX__", "_mm256_stream_si256", "__m256i"),
+    ("int", 64): ("__AVX512F__", "_mm512_stream_si512", "__m512i"),
+}
+STREAM_PRELUDE = r"""#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+/* Streaming stores are weakly ordered: fence them before other threads may read their data. */
+static inline void kiln_stream_fence(void) {
+#if defined(__SSE__)
+  _mm_sfence();
+#endif
+}
+"""
 
 
 def vector_type(dtype: str, lanes: int) -> str:
@@ -53,6 +85,25 @@ def vector_helpers(dtype: str, lanes: int) -> str:
         f"  {vt} v;\n  memcpy(&v, p, sizeof v);\n  return v;\n}}\n"
         f"static inline void kiln_vstore_{suffix}({ct} *p, {vt} v) {{ memcpy(p, &v, sizeof v); }}\n"
         + (_minmax_helpers(dtype, suffix, vt, size) if dtype in _MASK_DTYPE else "")
+    )
+
+
+def stream_helper(dtype: str, lanes: int) -> str:
+    """`kiln_vstream_<dtype>x<lanes>`: a streaming store where the target has one and the address
+    is aligned to the vector's size (the instruction faults otherwise), else `kiln_vstore_*`."""
+    vt, ct, suffix = vector_type(dtype, lanes), C_TYPES[dtype], f"{dtype}x{lanes}"
+    size = lanes * _ITEM_BYTES[dtype]
+    head = f"static inline void kiln_vstream_{suffix}({ct} *p, {vt} v) {{\n"
+    tail = f"  kiln_vstore_{suffix}(p, v);\n}}\n"
+    found = _STREAM.get((dtype if dtype.startswith("float") else "int", size))
+    if found is None:
+        return head + tail
+    macro, intrinsic, itype = found
+    pointer = f"({itype} *)p" if itype.endswith("i") else "p"
+    return (
+        f"{head}#if defined({macro})\n"
+        f"  if (((uintptr_t)p & {size - 1}) == 0) {{\n"
+        f"    {intrinsic}({pointer}, ({itype})v);\n    return;\n  }}\n#endif\n{tail}"
     )
 
 
@@ -87,6 +138,7 @@ def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | 
     if form is None or form[0] != 1:
         return None
     dtype = store.buffer.dtype
+    stream = is_nontemporal(loop)
     # Wider than one vector register: several register-wide statements, one per chunk of lanes.
     width = min(lanes, w.vector_bytes // _ITEM_BYTES[dtype])
     lines: list[str] = []
@@ -105,9 +157,14 @@ def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | 
             code = f"({code} - ({vector_type(dtype, width)}){{0}})"
         if w.in_registers(store.buffer):
             lines.append(f"{chunk.target} = {code};")
+        elif stream:
+            lines.append(f"kiln_vstream_{dtype}x{width}(&{chunk.target}, {code});")
         else:
             lines.append(f"kiln_vstore_{dtype}x{width}(&{chunk.target}, {code});")
     w.vec_types.add((dtype, width))
+    if stream and not w.in_registers(store.buffer):
+        w.stream_types.add((dtype, width))
+        w.stream_stores += len(lines)
     pad = "  " * depth
     if isinstance(loop.extent, E.IntImm):
         return [pad + line for line in lines]
@@ -123,6 +180,13 @@ def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | 
         f"{pad}  }}",
         f"{pad}}}",
     ]
+
+
+def is_nontemporal(loop: For) -> bool:
+    """Whether the schedule asked `loop`, a vectorized loop, to stream its stores."""
+    return loop.kind is ForKind.VECTORIZED and any(
+        key == NONTEMPORAL and value for key, value in loop.pragmas
+    )
 
 
 @dataclass

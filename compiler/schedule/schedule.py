@@ -219,7 +219,8 @@ class Stage:
         self.thread_tags[axis] = thread_tag
 
     def pragma(self, axis: IterVar, key: str, value: object = 1) -> None:
-        """Attach a backend hint to loop `axis` (e.g. "unroll_explicit", "omp_schedule")."""
+        """Attach a backend hint to loop `axis` (e.g. "unroll_explicit", "omp_chunk", or
+        "nontemporal" on a vectorized loop: streaming stores, codegen/vector.py)."""
         self._leaf_position(axis, "pragma")
         if not key.isidentifier():
             raise ScheduleError(f"stage {self.name}: pragma {key!r} on axis {axis.name}")

@@ -1,18 +1,21 @@
 """Halide's blur (examples/blur.py): the clean and tuned schedules and the plain C loop against
-numpy, at sizes no tile divides, on 1 and 2 OpenMP threads; the tuned schedule's loop structure
-and its per-tile blur_x region through the loop-IR interpreter."""
+numpy, at sizes no tile divides, on 1 and 2 OpenMP threads, into aligned and misaligned outputs;
+the tuned schedule's loop structure, its per-column blur_x region through the loop-IR
+interpreter, and its C (blur_x in registers, streamed stores)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from compiler.build import build_source
 from compiler.ir import interpreter
 from compiler.lower import lower
 from examples import blur
 from examples.blur import (
     RTOL,
     TunedConfig,
+    aligned_zeros,
     blur_calls,
     clean_schedule,
     kiln_call,
@@ -25,25 +28,32 @@ from examples.blur import (
 
 pytestmark = pytest.mark.usefixtures("build_cache")
 
-SMALL = TunedConfig(tile_y=8, tile_x=32, lanes=8, unroll_y=3)  # tails everywhere at 37 x 53
+SMALL = TunedConfig(rows=3, lanes=8)  # tails everywhere at 37 x 53
 
 
 def check(got: np.ndarray, image: np.ndarray, what: str) -> None:
     np.testing.assert_allclose(got, reference(image), rtol=RTOL, atol=RTOL, err_msg=what)
 
 
-def test_the_tuned_schedule_computes_blur_x_per_tile_in_parallel_rows_of_tiles() -> None:
+def test_the_tuned_schedule_keeps_a_column_of_blur_x_in_registers() -> None:
     h, w = 37, 53
-    sch, args = tuned_schedule(h, w, TunedConfig(tile_y=8, tile_x=32, lanes=8, unroll_y=4))
+    sch, args = tuned_schedule(h, w, TunedConfig(rows=4, lanes=8))
     func = lower(sch, args, "blur")
     text = str(func)
     assert text.startswith("def blur") and "parallel(" in text and "vectorized(8)" in text
-    # bound inference: a tile of 8 x 32 outputs reads 8 + 2 rows of blur_x, 32 wide
-    assert "blur_x = allocate(float32[10, 32]" in text
+    # bound inference: 4 rows of one 8-wide column of blur_y read 4 + 2 rows of blur_x there
+    assert "blur_x = allocate(float32[6, 8], local)" in text
+    assert "pragma nontemporal=1" in text
     image = random_image(h, w, seed=3)
     out = np.full((h, w), np.nan, np.float32)
     interpreter.run(func, image, out)
     check(out, image, "interpreter")
+    source = build_source(sch, args, "blur", "x86_64-avx512")
+    kernel = source[
+        source.index("int32_t blur(") : source.index("\n}\n", source.index("int32_t blur("))
+    ]
+    assert "kiln_vec_float32x8 blur_x_0;" in kernel and "blur_x[" not in kernel  # registers
+    assert "kiln_vstream_float32x8(&blur_y[" in kernel
 
 
 @pytest.mark.parametrize(
@@ -51,10 +61,12 @@ def test_the_tuned_schedule_computes_blur_x_per_tile_in_parallel_rows_of_tiles()
     [
         (37, 53, SMALL),
         (70, 301, TunedConfig()),
-        (70, 301, TunedConfig(32, 256)),  # the paper's tiles
-        (20, 2053, TunedConfig(tile_y=8)),  # a tail of the 2048-wide tile
+        (70, 301, TunedConfig(nontemporal=False)),
+        (20, 2053, TunedConfig(rows=16)),  # one group and a tail of 4 rows
         (5, 7, SMALL),
-        (64, 64, TunedConfig(16, 16, 16, 1)),
+        (64, 64, TunedConfig(16, 16)),
+        (33, 67, TunedConfig(rows=1, lanes=32)),
+        (1, 16, TunedConfig(rows=4)),  # fewer rows than one group
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
@@ -67,13 +79,24 @@ def test_clean_tuned_and_plain_c_match_numpy(
         "clean": clean_schedule(height, width),
         "tuned": tuned_schedule(height, width, cfg),
     }.items():
-        out = np.full((height, width), np.nan, np.float32)
-        with_threads(kiln_call(sch, args, image, out, f"blur_{name}"), threads)()
-        check(out, image, name)
+        for offset in (0, 1):  # aligned rows stream their stores, the others store plainly
+            raw = aligned_zeros((height * width + offset,))
+            out = raw[offset:].reshape(height, width)
+            out.fill(np.nan)
+            with_threads(kiln_call(sch, args, image, out, f"blur_{name}"), threads)()
+            check(out, image, f"{name}, output {offset} floats past 64 bytes")
     assert blur._libgomp().omp_get_max_threads() == threads_before  # put back after each call
     out = np.full((height, width), np.nan, np.float32)
     plain_call(image, out)()
     check(out, image, "plain C")
+
+
+def test_aligned_zeros_start_on_the_boundary() -> None:
+    for shape in [(3,), (7, 5), (2050, 2050)]:
+        a = aligned_zeros(shape)
+        assert a.shape == shape and a.dtype == np.float32 and a.ctypes.data % 64 == 0
+        assert not a.any()
+    assert random_image(5, 9).ctypes.data % 64 == 0
 
 
 def test_the_examples_own_check_passes_and_catches_a_wrong_answer(
