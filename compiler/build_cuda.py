@@ -6,6 +6,10 @@ kernel into one .cu translation unit, compiles it with nvcc for the target's arc
 (`toolchain.compile_cuda`, content-hash cached) and wraps the image in a `protos.cuda_program`
 container: per kernel one entry whose program is one launch over the entry's own arguments, in
 order. The entry's `timing_symbol` is its symbol (the cuda backend times the launch sequence).
+`build_cuda_program(kernels, calls, entry, ...)` is the whole-model form: one entry whose program
+launches the kernels in the order of `calls`, over the entry's args and slices of a workspace
+holding `constants` (`compiler.graph.build_model_cuda`); it also returns each kernel's lowered
+loop IR, which the interpreter runs where no GPU is.
 
 Targets: "cuda/sm=90" builds for sm_90 (`cuda_target`); the name is also the artifact's target
 and, with the device's thread count, what records carry, so records tuned on one compute
@@ -24,11 +28,13 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from compiler.artifact import Artifact, Entry
 from compiler.build import Kernel, kernel_entry
 from compiler.codegen.cuda import CUDA_PRELUDE, CudaKernel, render_cuda
 from compiler.errors import BuildError, CompilerError
+from compiler.ir.function import PrimFunc
 from compiler.lower import lower
 from compiler.toolchain import compile_cuda
 from protos.cuda_program import CudaModule, CudaProgram, Launch, LaunchArg, encode_module
@@ -177,3 +183,86 @@ def build_cuda(
     data = encode_module(CudaModule(arch, kind, binary, programs))
     _LOG.debug("built %s for %s", symbols, arch)
     return Artifact(data, hashlib.sha256(data).hexdigest(), kind, target, entries)
+
+
+@dataclass(frozen=True)
+class ProgramCall:
+    """One launch of a program: kernel `symbol` over `args` (entry args or workspace slices,
+    one per kernel argument, in the kernel's argument order)."""
+
+    symbol: str
+    args: tuple[LaunchArg, ...]
+
+
+@dataclass(frozen=True)
+class ProgramBuild:
+    """A one-entry CUDA artifact and the lowered loop IR of its kernels, by symbol (what the
+    interpreter runs in place of the GPU: `launches` of the container name them)."""
+
+    artifact: Artifact
+    functions: dict[str, PrimFunc]
+    kernels: dict[str, CudaKernel]
+
+
+def build_cuda_program(
+    kernels: Sequence[Kernel],
+    calls: Sequence[ProgramCall],
+    entry: Entry,
+    workspace_bytes: int = 0,
+    constants: Sequence[tuple[int, bytes]] = (),
+    target: str = "cuda/sm=90",
+    image: str = "cubin",
+) -> ProgramBuild:
+    """One Artifact whose single entry `entry` runs `calls` in order: every kernel in one nvcc
+    unit, each call one launch (a kernel may be launched by several calls), over the entry's
+    args and a program workspace of `workspace_bytes` into which `constants` ((offset, bytes))
+    are written at load (`protos.cuda_program`).
+
+    Raises:
+        CompilerError: lowering, rendering or nvcc failed, naming the kernel.
+        ValueError: kernel symbols repeat, a call names no kernel or passes the wrong number of
+            arguments, the program is malformed (`ProgramError`), `target` is not a cuda target,
+            or `image` is neither cubin nor ptx.
+    """
+    if image not in ("cubin", "ptx"):
+        raise ValueError(f"a CUDA image is cubin or ptx, not {image!r}")
+    symbols = [k.symbol for k in kernels]
+    if len(set(symbols)) != len(symbols):
+        raise ValueError(f"kernel symbols repeat: {symbols}")
+    arch = cuda_arch(target)
+    by_symbol = {k.symbol: k for k in kernels}
+    functions: dict[str, PrimFunc] = {}
+    rendered: dict[str, CudaKernel] = {}
+    for k in kernels:
+        try:
+            functions[k.symbol] = lower(k.sch, k.args, k.symbol)
+            rendered[k.symbol] = render_cuda(functions[k.symbol], k.symbol)
+        except CompilerError as exc:
+            raise type(exc)(f"kernel {k.symbol}: {exc}") from exc
+    launches = []
+    for n, call in enumerate(calls):
+        kernel = by_symbol.get(call.symbol)
+        if kernel is None:
+            raise ValueError(f"call {n}: no kernel {call.symbol!r}")
+        if len(call.args) != len(kernel.args):
+            raise ValueError(
+                f"call {n} ({call.symbol}): {len(call.args)} arguments for {len(kernel.args)}"
+            )
+        r = rendered[call.symbol]
+        launches.append(Launch(call.symbol, r.grid, r.block, call.args))
+    program = CudaProgram(tuple(launches), workspace_bytes, tuple(constants))
+    program.check(len(entry.args))
+    source, starts = cuda_unit(list(rendered.values()))
+    try:
+        binary = compile_cuda(source + _manifest((entry,)), arch, image)
+    except BuildError as exc:
+        blamed = _blame(exc.stderr, starts) or symbols
+        raise BuildError(f"kernel {', '.join(blamed)}: {exc}") from exc
+    data = encode_module(CudaModule(arch, image, binary, {entry.symbol: program}))
+    _LOG.debug(
+        "built program %s: %d launches of %d kernels", entry.symbol, len(calls), len(kernels)
+    )
+    artifact = Artifact(
+        data, hashlib.sha256(data).hexdigest(), image, target, (entry,), workspace_bytes
+    )
+    return ProgramBuild(artifact, functions, rendered)

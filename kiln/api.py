@@ -34,7 +34,10 @@ from tuner.task import Task
 
 if TYPE_CHECKING:
     from compiler.graph.build_model import ModelArtifact
+    from compiler.graph.build_model_cuda import CudaModelArtifact
     from compiler.graph.ir import Graph
+    from compiler.graph.tasks import TaskKey
+    from compiler.ops.space import Config
     from tuner.network.run import ModelRun
     from tuner.network.tune import ModelTuneResult, ModelTuneStep
 
@@ -191,8 +194,9 @@ def tune_op(
 
 def gpu_network_unsupported(target: str) -> None:
     """Refuse to tune a network for a GPU target: its tasks are the CPU templates' (NCHWc
-    layouts, packed weights) and no GPU model build exists yet, so nvcc would only build CPU
-    schedules as one-thread kernels.
+    layouts, packed weights), so nvcc would only build CPU schedules as one-thread kernels.
+    (A GPU model build exists, `build(target="cuda/sm=90")`: its template tasks take the
+    records `tune_op` made on the GPU.)
 
     Raises:
         ValueError: `target` is a cuda target.
@@ -256,12 +260,18 @@ def build(
 ) -> ModelArtifact:
     """Compile a network with the best recorded config of each task (defaults without records),
     its kernels for `threads` threads: only records tuned on that many are used, and untuned
-    kernels run their outer loops in parallel when `threads` > 1."""
+    kernels run their outer loops in parallel when `threads` > 1.
+
+    Raises:
+        ValueError: `target` is a GPU's: `build_gpu` builds for it.
+    """
     from compiler.frontend.onnx import load_onnx
     from compiler.graph.build_model import build_model
     from compiler.graph.ir import Graph
     from tuner.network.tune import configs_from_records
 
+    if is_cuda_target(target):
+        raise ValueError(f"{target} is a GPU: build_gpu builds a model for it")
     graph = model if isinstance(model, Graph) else load_onnx(model, input_shapes)
     configs = None
     if records is not None:
@@ -274,23 +284,92 @@ def build(
     return build_model(graph, configs, target, threads)
 
 
+def build_gpu(
+    model: Graph | str | os.PathLike[str],
+    records: RecordStore | str | os.PathLike[str] | None = None,
+    *,
+    target: str = "cuda/sm=90",
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> CudaModelArtifact:
+    """Compile a network for a GPU: one CUDA container whose `kiln_model` entry launches every
+    kernel (`build_model_cuda`), each template task with its best record on `target`
+    (`gpu_model_configs`; defaults without records).
+
+    Raises:
+        ValueError: `target` is not a cuda target.
+    """
+    from compiler.frontend.onnx import load_onnx
+    from compiler.graph.build_model_cuda import build_model_cuda
+    from compiler.graph.ir import Graph
+
+    if not is_cuda_target(target):
+        raise ValueError(f"{target!r} is not a GPU target like cuda/sm=90")
+    graph = model if isinstance(model, Graph) else load_onnx(model, input_shapes)
+    configs = None
+    if records is not None:
+        store = open_store(records) if isinstance(records, str | os.PathLike) else records
+        try:
+            configs = gpu_model_configs(graph, store, target)
+        finally:
+            if store is not records:
+                store.close()
+    return build_model_cuda(graph, target, configs)
+
+
+def gpu_model_configs(graph: Graph, store: RecordStore, target: str) -> dict[TaskKey, Config]:
+    """The best recorded config of each GPU template task of `graph` on cuda target `target`
+    (records of `kiln tune-op` on a GPU device: one thread, the target's own name); a task
+    without one is left out, so the build takes its template's default."""
+    from compiler.graph.build_model_cuda import plan_model_cuda
+    from tuner.records import apply_best
+
+    configs: dict[TaskKey, Config] = {}
+    for task in plan_model_cuda(graph, None, target).tasks:
+        if task.template is None:
+            continue
+        space = ops.get_template(task.template).config_space(task.workload)
+        workload = Workload(task.template, task.workload)
+        best = apply_best(store.load(workload, target), workload, target, len(space))
+        if best is not None:
+            configs[task.key] = space.get(best.index)
+    return configs
+
+
+def load_model(path: str | os.PathLike[str]) -> ModelArtifact | CudaModelArtifact:
+    """The model `kiln build` (or `save`) wrote into directory `path`, for a CPU or a GPU."""
+    from compiler.graph.build_model import ModelArtifact
+    from compiler.graph.build_model_cuda import CudaModelArtifact, is_cuda_model
+
+    where = Path(path)
+    return CudaModelArtifact.load(where) if is_cuda_model(where) else ModelArtifact.load(where)
+
+
 def run(
     pool: Pool,
-    model: ModelArtifact | str | os.PathLike[str],
+    model: ModelArtifact | CudaModelArtifact | str | os.PathLike[str],
     inputs: Mapping[str, np.ndarray],
     *,
     repeat: int = 5,
 ) -> ModelRun:
-    """Run a built network on one of `pool`'s devices: its outputs and native latency.
+    """Run a built network on one of `pool`'s devices: its outputs and native latency (on a GPU
+    model's device: CUDA events around its whole launch sequence).
 
     Raises:
-        ValueError: the pool's devices run another thread count than the model was built for
+        ValueError: the pool's devices run another thread count than a CPU model was built for
             (`ModelArtifact.threads`): it would not run as tuned, nor time as it will.
     """
     from compiler.graph.build_model import ModelArtifact
+    from compiler.graph.build_model_cuda import CudaModelArtifact
     from tuner.network.run import run_model
 
-    artifact = model if isinstance(model, ModelArtifact) else ModelArtifact.load(Path(model))
+    loaded = model if isinstance(model, ModelArtifact | CudaModelArtifact) else load_model(model)
+    feeds = {s.name: np.asarray(inputs[s.name]).astype(s.dtype) for s in loaded.inputs}
+    if isinstance(loaded, CudaModelArtifact):
+        # run_model reads only the artifact, its `kiln_model` entry and the I/O specs, which a
+        # GPU model has as a CPU one does
+        with closing(pool.runner(EvaluatorConfig(repeat=repeat))) as runner:
+            return run_model(loaded, feeds, runner)  # type: ignore[arg-type]
+    artifact = loaded
     if pool.thread_counts and pool.thread_counts != (artifact.threads,):
         runs = " or ".join(map(str, pool.thread_counts))
         raise ValueError(
@@ -298,6 +377,5 @@ def run(
             f"{runs}: build it with threads={pool.thread_counts[0]}, or use a pool of "
             f"{artifact.threads}-thread devices"
         )
-    feeds = {s.name: np.asarray(inputs[s.name]).astype(s.dtype) for s in artifact.inputs}
     with closing(pool.runner(EvaluatorConfig(repeat=repeat))) as runner:
         return run_model(artifact, feeds, runner)

@@ -8,6 +8,10 @@ per-task table and the estimated network latency (sum of weight x best latency).
 config of each task, and the builder's default config for tasks without records.
 `kiln run` runs a built model on a device of its target (the packed `kiln_model` entry, params
 embedded), checks its outputs against onnxruntime with `--check`, and prints the native latency.
+With `--target cuda/sm=N`, `kiln build` writes a GPU model instead (model.kcud, model.json: one
+CUDA container whose `kiln_model` entry launches every kernel, `build_model_cuda`), its GPU
+templates' configs from the records `kiln tune-op` made on such a GPU; `kiln run` sends it to a
+`cuda` device, which times the whole launch sequence (no threads to choose there).
 
 Threads: `kiln build --threads N` records N in model.json (`ModelArtifact.threads`), and
 `kiln run` runs the model on N threads, as it was tuned and built. A local pool's device is
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
     from compiler.graph.ir import Graph
     from kiln.pool import Pool
     from tuner.network.tune import ModelTuneResult, ModelTuneStep
+    from tuner.records import RecordStore
 
 EXAMPLES = """examples:
   kiln tune net.onnx --trials 512 --records r.jsonl                # a local pool
@@ -73,7 +78,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     b.add_argument("--records", required=True, metavar="PATH|URL", help="records of `kiln tune`")
     b.add_argument("-o", "--output", required=True, help="directory to write the artifact into")
     b.add_argument(
-        "--target", default="host", help="what to compile for: host (default) or a named target"
+        "--target",
+        default="host",
+        help="what to compile for: host (default), a named target, or a GPU (cuda/sm=90)",
     )
     b.add_argument(
         "--threads",
@@ -225,6 +232,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from compiler.build_cuda import is_cuda_target
     from compiler.errors import CompilerError
     from compiler.graph.build_model import build_model
     from compiler.graph.ir import GraphError
@@ -235,6 +243,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     store = common.open_records(args.records, must_exist=True)
     assert store is not None
     graph = _load(args)
+    if is_cuda_target(split_threads(args.target)[0]):
+        return _build_gpu(args, graph, store)
     try:
         configs = configs_from_records(graph, store, args.target, args.threads)
     except ValueError as exc:
@@ -255,6 +265,37 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"{len(tunable) - len(configs)} with default configs, {len(skipped)} not tunable; "
         f"kernels for {threads} thread(s)"
     )
+    return 0
+
+
+def _build_gpu(args: argparse.Namespace, graph: Graph, store: RecordStore) -> int:
+    """`kiln build --target cuda/sm=N`: one CUDA container whose `kiln_model` entry runs every
+    kernel of the model (`build_model_cuda`), its templates' configs from the records."""
+    from compiler.errors import CompilerError
+    from compiler.graph.build_model_cuda import build_model_cuda
+    from compiler.graph.ir import GraphError
+    from kiln.api import gpu_model_configs
+
+    if args.threads not in (None, 1):
+        raise CliError.usage(f"--threads {args.threads}: a GPU build ({args.target}) has none")
+    try:
+        configs = gpu_model_configs(graph, store, args.target)
+        model = build_model_cuda(graph, args.target, configs)
+    except (GraphError, CompilerError) as exc:
+        raise CliError(f"building {args.model}: {exc}") from None
+    finally:
+        store.close()
+    out = model.save(args.output)
+    print(model.summary)
+    print(
+        f"wrote {out}: {len(configs)} of {len(model.tasks)} GPU template tasks tuned from "
+        f"{args.records}, the others with default configs; one entry of {model.launches} launches"
+    )
+    untuned = [t for t in model.tasks if t.key not in configs]
+    if untuned:
+        print("untuned (kiln tune-op TEMPLATE --shape SHAPE on a pool of these GPUs):")
+        for t in untuned:
+            print(f"  {t.template} {','.join(map(str, t.workload))} (x{t.weight})")
     return 0
 
 
@@ -348,7 +389,8 @@ def check_threads(args: argparse.Namespace, pool: Pool, threads: int) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from compiler.graph.build_model import ModelArtifact
+    from compiler.graph.build_model_cuda import CudaModelArtifact
+    from kiln.api import load_model
     from tuner.measure.pool_runner import NoDeviceError
     from tuner.measure.result import NOISY_SPREAD
     from tuner.network.run import ModelRunError, check_feeds, run_model
@@ -359,7 +401,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError.usage(f"{args.model}: not a model directory (no model.json)")
     if args.check and not Path(args.check).is_file():
         raise CliError.usage(f"--check {args.check}: no such file")
-    model = ModelArtifact.load(args.model)
+    model = load_model(args.model)
+    gpu = isinstance(model, CudaModelArtifact)  # one device of its target, no threads to pick
+    if gpu and args.in_process:
+        raise CliError.usage(f"--in-process: {args.model} is built for {model.artifact.target}")
     feeds = _feeds(args, [s.name for s in model.inputs])
     try:
         check_feeds(model.inputs, feeds)  # before a local pool starts: bad input fails fast
@@ -367,7 +412,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     # as the model takes them (onnxruntime wants the model's dtypes too)
     feeds = {s.name: np.asarray(feeds[s.name]).astype(s.dtype) for s in model.inputs}
-    tagged = select_threads(args, model.threads)
+    threads = 1 if isinstance(model, CudaModelArtifact) else model.threads
+    tagged = not gpu and select_threads(args, threads)
     if args.in_process:
         import platform
 
@@ -387,14 +433,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not tagged:
                 raise
             raise CliError(
-                f"{exc} ({args.model} was built for {model.threads} thread(s): a tracker's "
-                f"device runs that many with kiln-agent --cores and a set of {model.threads} "
+                f"{exc} ({args.model} was built for {threads} thread(s): a tracker's "
+                f"device runs that many with kiln-agent --cores and a set of {threads} "
                 "cores; or rebuild with --threads N for the devices there are)"
             ) from None
-        check_threads(args, pool, model.threads)
+        if not gpu:
+            check_threads(args, pool, threads)
         runner = stack.enter_context(closing(pool.runner(timing)))
         try:
-            result = run_model(model, feeds, runner)
+            # a GPU model has what run_model reads: the artifact, its entry, the I/O specs
+            result = run_model(model, feeds, runner)  # type: ignore[arg-type]
         except (ModelRunError, NoDeviceError) as exc:
             raise CliError(str(exc)) from None
     if args.output:
@@ -409,12 +457,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not lat.ok:
         raise CliError(f"timing on {result.device_id} failed: {lat.status.value}: {lat.error}")
     noisy = f" (noisy: more than {NOISY_SPREAD:.0%})" if lat.spread > NOISY_SPREAD else ""
+    built_for = model.artifact.target if gpu else f"{threads} thread(s)"
     print(
         f"latency: {_ms(lat.median_s)} ms median of {len(lat.samples_s)} on {result.device_id} "
-        f"({model.threads} thread(s), as built), spread {lat.spread:.1%} (interquartile range / "
+        f"({built_for}, as built), spread {lat.spread:.1%} (interquartile range / "
         f"median){noisy}"
     )
-    if args.in_process:
+    if args.in_process and not isinstance(model, CudaModelArtifact):
         here = in_process_seconds(model, feeds, len(lat.samples_s))
         print(
             f"in process: {_ms(here)} ms median of {len(lat.samples_s)} rounds on one core "
