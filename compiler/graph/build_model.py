@@ -237,12 +237,12 @@ def plan_model(
     With configs, the graph is laid out a second time with the channel blocks the configs chose
     (`config_blocks`), when they differ from the default layout's.
     """
-    optimized = _outputs_written(optimize(graph))
+    optimized = outputs_written(optimize(graph))
     fusion = P.fuse(optimized)
     if configs:
         blocks = config_blocks(fusion, configs)
         if any(_blocks_of(fusion, name) != b for name, b in blocks.items()):
-            optimized = _outputs_written(optimize(graph, blocks))
+            optimized = outputs_written(optimize(graph, blocks))
             fusion = P.fuse(optimized)
     steps, values = lower_model(fusion, configs, target, threads)
     kernels = steps_graph(optimized, values, steps)
@@ -252,7 +252,7 @@ def plan_model(
     return ModelPlan(optimized, fusion, steps, values, memory, params, extract_tasks(fusion))
 
 
-def _outputs_written(g: Graph) -> Graph:
+def outputs_written(g: Graph) -> Graph:
     """`g` with a copy (an identity node) for each output that no node writes: a graph input, a
     constant (a folded Shape, a Constant), or an output listed twice. The model entry writes each
     output into a buffer of its own, so each needs a kernel that writes it; an output with no

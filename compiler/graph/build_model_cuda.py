@@ -45,7 +45,7 @@ import numpy as np
 from compiler.artifact import ArgSpec, Artifact, Entry
 from compiler.build_cuda import ProgramCall, build_cuda_program
 from compiler.graph import passes as P
-from compiler.graph.build_model import TensorSpec, _outputs_written
+from compiler.graph.build_model import TensorSpec, outputs_written
 from compiler.graph.ir import Graph
 from compiler.graph.model_kernels import Configs, Step, steps_graph
 from compiler.graph.model_kernels_cuda import lower_model_cuda
@@ -177,7 +177,7 @@ def optimize_cuda(graph: Graph) -> Graph:
     common subexpressions and dead code gone, channel shuffles as gathers."""
     g = P.fold_scale_into_conv(P.fold_batch_norm(graph))
     g = P.fold_constants(P.eliminate_dead_code(P.eliminate_common_subexpressions(g)))
-    return _outputs_written(P.shuffles_to_gathers(g))
+    return outputs_written(P.shuffles_to_gathers(g))
 
 
 # -- planning and building --------------------------------------------------------------------------
