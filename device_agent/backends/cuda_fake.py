@@ -144,6 +144,7 @@ class FakeDriver(Driver):
         self._starts: list[int] = []  # sorted allocation bases
         self._next_pointer = _BASE_POINTER
         self._handles: dict[int, _Module | _Function] = {}
+        self._next_handle = 0x1000  # never reused, as a driver's handles are not while live
         self._events: dict[int, float | None] = {}
         self._pending: CudaError | None = None  # a fault not yet seen by a synchronizing call
         self._poisoned: CudaError | None = None
@@ -217,7 +218,8 @@ class FakeDriver(Driver):
             raise CudaError(call, self._poisoned.code, self._poisoned.name)
 
     def _handle(self, obj: _Module | _Function) -> int:
-        handle = 0x1000 + len(self._handles)
+        handle = self._next_handle
+        self._next_handle += 1
         self._handles[handle] = obj
         return handle
 

@@ -327,6 +327,17 @@ def test_the_fake_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) 
     assert driver.device_count() == 1 and driver.device_info(0).name == "Kiln Fake GPU 2"
 
 
+def test_the_fake_never_reuses_a_handle_of_an_unloaded_module() -> None:
+    driver = FakeDriver()
+    driver.open_context(0)
+    a = driver.load_module(fake_image(["fake_copy"]))
+    driver.load_module(fake_image(["fake_add"]))
+    driver.unload_module(a)
+    c = driver.load_module(fake_image(["fake_add_one", "fake_copy"]))
+    driver.get_function(c, "fake_add_one")
+    driver.get_function(c, "fake_copy")  # a handle handed out before must not shadow c's
+
+
 def test_the_driver_is_chosen_by_the_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DRIVER_ENV, "fake")
     monkeypatch.setenv("KILN_CUDA_FAKE_GPUS", "2")
