@@ -192,23 +192,6 @@ def tune_op(
         return tune(task, build, runner, opts, records=records, callbacks=callbacks)
 
 
-def gpu_network_unsupported(target: str) -> None:
-    """Refuse to tune a network for a GPU target: its tasks are the CPU templates' (NCHWc
-    layouts, packed weights), so nvcc would only build CPU schedules as one-thread kernels.
-    (A GPU model build exists, `build(target="cuda/sm=90")`: its template tasks take the
-    records `tune_op` made on the GPU.)
-
-    Raises:
-        ValueError: `target` is a cuda target.
-    """
-    if is_cuda_target(target):
-        raise ValueError(
-            f"tuning a network on a GPU ({target}) is not supported yet: its tasks are CPU "
-            "templates; tune its operators one by one (`kiln tune-op`, `tune_op`: dense, "
-            "conv2d, ... become their cuda_* templates)"
-        )
-
-
 def tune_network(
     pool: Pool,
     model: Graph | str | os.PathLike[str],
@@ -224,14 +207,11 @@ def tune_network(
     """Tune every task of a network (an ONNX file or an imported graph) within one budget.
 
     `trials` is the whole network's budget; `options.early_stop` retires a task after that
-    many trials without a better candidate.
-
-    Raises:
-        ValueError: the pool's devices are GPUs (`gpu_network_unsupported`).
+    many trials without a better candidate. On a pool of GPUs ("cuda/sm=90") the tasks are the
+    GPU model build's template tasks, and `build_gpu` builds the model from the records.
     """
     from tuner.network.tune import tune_network as _tune_network
 
-    gpu_network_unsupported(pool.target)
     opts = _options(options, trials)
     store = open_store(records) if isinstance(records, str | os.PathLike) else records
     try:

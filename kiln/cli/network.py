@@ -3,7 +3,12 @@
 `kiln tune` takes the flags of `kiln tune-op` (pool, budget, search, records, resume, target,
 measurement); `--trials` is the budget of the whole network, handed out by the task scheduler,
 and `--early-stop N` retires a task after N trials without a better candidate. It ends with a
-per-task table and the estimated network latency (sum of weight x best latency).
+per-task table and the estimated network latency (sum of weight x best latency). On a key of
+GPUs (target cuda/sm=N) the tasks are the GPU model build's template tasks (cuda_conv2d,
+cuda_dense, ...), and after the table the GPU model is built from the records (as `kiln build
+--target cuda/sm=N` builds it), run on seeded inputs and timed on the pool's device, and its
+outputs compared with onnxruntime's; not on an emulated device (a fake driver computes nothing:
+the check is off and says so).
 `kiln build` writes the model artifact (model.so, params.npz, model.json) with the best recorded
 config of each task, and the builder's default config for tasks without records.
 `kiln run` runs a built model on a device of its target (the packed `kiln_model` entry, params
@@ -38,7 +43,9 @@ from kiln.cli import common, table
 from kiln.cli.errors import CliError
 
 if TYPE_CHECKING:
-    from compiler.graph.build_model import ModelArtifact
+    from collections.abc import Sequence
+
+    from compiler.graph.build_model import ModelArtifact, TensorSpec
     from compiler.graph.ir import Graph
     from kiln.pool import Pool
     from tuner.network.tune import ModelTuneResult, ModelTuneStep
@@ -48,6 +55,7 @@ EXAMPLES = """examples:
   kiln tune net.onnx --trials 512 --records r.jsonl                # a local pool
   kiln tune net.onnx --tracker HOST:PORT --key x86 --token-file pool.secrets \\
       --trials 2000 --records r.jsonl --resume --input-shape x=1,3,224,224
+  kiln tune net.onnx --tracker HOST:PORT --key gpu --trials 512 --records r.jsonl  # GPUs
   kiln build net.onnx --records r.jsonl -o net.kiln
   kiln run net.kiln --input x.npy --check net.onnx --output y.npy    # a local pool
 """
@@ -163,9 +171,11 @@ def report(result: ModelTuneResult) -> str:
             f"transfer: {len(result.transfer)} of {len(result.tasks)} tasks began from a model "
             "of the records of other workloads (--no-transfer: off)"
         )
+    emulated = any(t.best is not None and t.best.result.emulated for t in result.tasks)
     lines.append(
         f"estimated latency: {_ms(result.estimated_s)} ms (sum of weight x best over "
         f"{len(result.tasks)} tasks) after {result.trials} trials on {result.target}"
+        + (" (emulated: not the device's speed)" if emulated else "")
     )
     half = [(t, s) for t, s in result.curve if t <= result.trials // 2 and math.isfinite(s)]
     if half and math.isfinite(result.estimated_s) and half[-1][0] < result.trials:
@@ -187,11 +197,16 @@ def report(result: ModelTuneResult) -> str:
 
 
 def tune_network_from_args(
-    args: argparse.Namespace, graph: Graph, stack: ExitStack
+    args: argparse.Namespace, graph: Graph, stack: ExitStack, gpu: bool = False
 ) -> tuple[ModelTuneResult, Pool]:
     """Tune `graph` as the flags say (`kiln tune` and `kiln demo`), progress on stderr; the
-    result and the pool it ran on. The pool, builder and store live on `stack`."""
-    from kiln.api import gpu_network_unsupported
+    result and the pool it ran on. The pool, builder and store live on `stack`.
+
+    Raises:
+        CliError: the pool's devices are GPUs and `gpu` is False (the demo's builds are CPU
+            models, timed in this process).
+    """
+    from compiler.build_cuda import is_cuda_target
     from tuner.network.tune import tune_network
 
     options = common.tune_options(args)
@@ -199,10 +214,11 @@ def tune_network_from_args(
     if store is not None:
         stack.callback(store.close)
     pool = common.open_pool(args, stack, pin=args.pipeline)
-    try:
-        gpu_network_unsupported(pool.target)
-    except ValueError as exc:
-        raise CliError.usage(str(exc)) from None
+    if not gpu and is_cuda_target(pool.target):
+        raise CliError.usage(
+            f"the devices run {pool.target}: this command builds and times CPU models; "
+            "`kiln tune MODEL.onnx --key KEY` tunes a model on GPUs"
+        )
     builder = common.builder(args, pool)
     stack.callback(builder.close)
     try:
@@ -221,14 +237,97 @@ def tune_network_from_args(
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from compiler.build_cuda import is_cuda_target
+
     common.tune_options(args)  # bad flags fail before the model is read
     graph = _load(args)
     with ExitStack() as stack:
-        result, _ = tune_network_from_args(args, graph, stack)
-    print(report(result))
-    if result.tasks and all(t.best is None for t in result.tasks):
-        raise CliError(f"no task of {args.model} has a working candidate")
+        result, pool = tune_network_from_args(args, graph, stack, gpu=True)
+        print(report(result))
+        if result.tasks and all(t.best is None for t in result.tasks):
+            raise CliError(f"no task of {args.model} has a working candidate")
+        if is_cuda_target(pool.target):  # on the pool while it is open
+            run_gpu_model(args, graph, result, pool)
     return 0
+
+
+def _seeded_inputs(specs: Sequence[TensorSpec], seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs of a model's input specs: N(0, 1) floats, integers in [0, 2) (valid
+    indices of any embedding), False / True."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for s in specs:
+        if np.dtype(s.dtype).kind == "f":
+            feeds[s.name] = rng.standard_normal(s.shape).astype(s.dtype)
+        else:
+            feeds[s.name] = rng.integers(0, 2, s.shape).astype(s.dtype)
+    return feeds
+
+
+def run_gpu_model(
+    args: argparse.Namespace, graph: Graph, result: ModelTuneResult, pool: Pool
+) -> None:
+    """`kiln tune` on GPUs, after the table: build the GPU model with the best configs (of
+    --records as `kiln build --target cuda/sm=N` takes them, else of this run), run it once on
+    seeded inputs on the pool's device and time its whole launch sequence there; compare its
+    outputs with onnxruntime's, except on an emulated device (a fake driver computes nothing).
+
+    Raises:
+        CliError: the build, the run or the comparison failed.
+    """
+    from compiler.errors import CompilerError
+    from compiler.graph.build_model_cuda import build_model_cuda
+    from compiler.graph.ir import GraphError
+    from kiln.api import gpu_model_configs
+    from tuner.measure.pool_runner import NoDeviceError
+    from tuner.network.run import ModelRunError, run_model
+    from tuner.network.timing import output_mismatch
+    from tuner.task import Task
+
+    target = pool.target
+    store = common.open_records(args.records)
+    try:
+        if store is not None:
+            configs = gpu_model_configs(graph, store, target)
+            source = f"the best records of {args.records}"
+        else:
+            configs = {
+                t.spec.key: Task(t.best.workload).space.get(t.best.config_index)
+                for t in result.tasks
+                if t.best is not None
+            }
+            source = "the best of this run"
+        model = build_model_cuda(graph, target, configs)
+    except (GraphError, CompilerError) as exc:
+        raise CliError(f"building {args.model} for {target}: {exc}") from None
+    finally:
+        if store is not None:
+            store.close()
+    print(model.summary)
+    print(f"built with {source}: {len(configs)} of {len(model.tasks)} template tasks tuned")
+    feeds = _seeded_inputs(model.inputs, args.seed)
+    try:
+        with closing(pool.runner(common.evaluator(args))) as runner:
+            ran = run_model(model, feeds, runner)  # type: ignore[arg-type]
+    except (ModelRunError, NoDeviceError) as exc:
+        raise CliError(f"running the tuned model on the pool: {exc}") from None
+    lat = ran.latency
+    if not lat.ok:
+        raise CliError(f"timing on {ran.device_id} failed: {lat.status.value}: {lat.error}")
+    emulated = pool.device_tags.get("emulated")
+    timed = f"emulated by {emulated}, not a GPU's time" if emulated else "CUDA events"
+    print(
+        f"tuned model on {ran.device_id}: {_ms(lat.median_s)} ms median of "
+        f"{len(lat.samples_s)} ({model.launches} launches; {timed})"
+    )
+    if emulated:
+        print(f"check: off ({emulated} computes no outputs; `kiln run --check` on a real GPU)")
+        return
+    want = _reference(args.model, feeds)
+    why = output_mismatch(list(ran.outputs), want, CHECK_RTOL)
+    if why is not None:
+        raise CliError(f"the tuned model's outputs differ from onnxruntime's: {why}")
+    print(f"check: {len(want)} output(s) match onnxruntime (rel {CHECK_RTOL:g})")
 
 
 def cmd_build(args: argparse.Namespace) -> int:

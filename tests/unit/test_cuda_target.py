@@ -14,7 +14,7 @@ from compiler.build_cuda import cuda_arch, cuda_sm, cuda_target, is_cuda_target
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.schedule import create_schedule
 from compiler.schedule.schedule import Schedule
-from kiln.api import for_target, gpu_network_unsupported, gpu_template_name, op_task
+from kiln.api import for_target, gpu_template_name, op_task
 from tuner import records as rec
 from tuner.loop import builder_records_target, compiler_target, target_name
 from tuner.measure import MeasureResult, Status
@@ -301,10 +301,3 @@ def test_the_xgb_searcher_on_a_gpu_target_models_gpu_features(tiny_gemm: Task) -
     nxt = gpu.ask(4)
     assert len(nxt) == 4 and not set(nxt) & set(asked)
     assert set(asked) <= set(seen)  # fitted on the told configs' GPU features
-
-
-def test_network_tuning_on_a_gpu_is_refused_with_what_to_do() -> None:
-    with pytest.raises(ValueError, match=r"cuda/sm=90.*kiln tune-op"):
-        gpu_network_unsupported("cuda/sm=90")
-    gpu_network_unsupported("host")
-    gpu_network_unsupported("x86_64")

@@ -12,6 +12,12 @@ and tells the searcher, so a task's search continues across its batches. A task'
 restricted to those keeping the graph's channel blocks (`ic_block`, `oc_block`, `c_block`): the
 model builder refuses any other.
 
+For a GPU builder (target "cuda/sm=90") the tasks are the GPU model build's template tasks
+instead (`gpu_tasks`: `plan_model_cuda(...).tasks`, cuda_conv2d, cuda_dense, ... on NCHW, keyed
+as `kiln tune-op` records them): one thread each, every config fitting, each seeded with the
+config the untuned GPU build takes (`first_config`). Their records carry the target's own name,
+and `build_gpu` (`kiln build --target cuda/sm=90`) builds the model from them.
+
 With `TuneOptions.pipeline` and a streaming builder, a batch's candidates are measured as their
 builds finish (`tuner.loop.run_batch` with `stream`, as `tune` does): one slow build holds up
 only itself, and a unit past the builder's `timeout_s` is a BUILD_ERROR. The batch's records are
@@ -37,10 +43,13 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from compiler.build_cuda import is_cuda_target
 from compiler.graph import passes as P
 from compiler.graph.build_model import optimize
+from compiler.graph.build_model_cuda import plan_model_cuda
 from compiler.graph.ir import Graph, Node
 from compiler.graph.model_kernels import default_config
+from compiler.graph.model_kernels_cuda import first_config
 from compiler.graph.tasks import TaskKey, TaskSpec, extract_tasks
 from compiler.ops.base import PARALLEL_KNOB, OpTemplate
 from compiler.ops.space import Config
@@ -87,20 +96,27 @@ class ModelTask:
         return 0 <= index < len(self.task.space)
 
     def default_index(self, target: str) -> int:
-        """The config the untuned build of this task uses on compile target `target`."""
+        """The config the untuned build of this task uses on compile target `target` (on a GPU:
+        the GPU model build's, `first_config`)."""
         template = self.task.template
         assert isinstance(template, OpTemplate)  # a tunable task has a template
         shape, threads = self.task.workload.shape, self.task.threads
+        if is_cuda_target(target):
+            return first_config(template, shape, target).index
         return default_config(template, shape, target, self.blocks, threads).index
 
 
-def model_tasks(graph: Graph, threads: int = 1) -> tuple[list[ModelTask], list[TaskSpec]]:
-    """The tunable tasks of `graph` (as `build_model` cuts it) for kernels on `threads` threads,
-    and the specs that are not.
+def model_tasks(
+    graph: Graph, threads: int = 1, target: str = "host"
+) -> tuple[list[ModelTask], list[TaskSpec]]:
+    """The tunable tasks of `graph` for kernels on `threads` threads, and the specs that are not:
+    as `build_model` cuts it, or for a cuda `target` as `build_model_cuda` does (`gpu_tasks`).
 
     `blocks` of a task are the default layout's (what the untuned build uses); a tuned config
     may pick others, and the builder lays the graph out to them.
     """
+    if is_cuda_target(target):
+        return gpu_tasks(graph, target), []
     fusion = P.fuse(optimize(graph))
     groups = {g.index: g for g in fusion.groups}
     tunable: list[ModelTask] = []
@@ -113,6 +129,19 @@ def model_tasks(graph: Graph, threads: int = 1) -> tuple[list[ModelTask], list[T
         task = Task(rec.Workload(spec.template, spec.workload), threads)
         tunable.append(ModelTask(spec, task, blocks))
     return tunable, skipped
+
+
+def gpu_tasks(graph: Graph, target: str) -> list[ModelTask]:
+    """The template tasks of `graph`'s GPU model build for cuda `target` (`plan_model_cuda`),
+    one thread each (a GPU kernel has no `parallel` knob) and no layout blocks to keep: the GPU
+    templates take NCHW as it is. Every other kernel of that build is untemplated, not a task.
+    """
+    specs = plan_model_cuda(graph, None, target).tasks
+    return [
+        ModelTask(spec, Task(rec.Workload(spec.template, spec.workload)), {})
+        for spec in specs
+        if spec.template is not None
+    ]
 
 
 def one_thread_seeds(mt: ModelTask, store: RecordStore | None, records_target: str) -> list[int]:
@@ -336,11 +365,13 @@ def tune_network(
         from compiler.frontend.onnx import load_onnx  # onnx is only needed for a path
 
         graph = load_onnx(graph_or_path, input_shapes)
-    tunable, skipped = model_tasks(graph, int(getattr(builder, "threads", 1)))
+    target = compiler_target(builder.target)
+    tunable, skipped = model_tasks(graph, int(getattr(builder, "threads", 1)), target)
     for spec in skipped:
         _LOG.info("not tuned: %s x%d: %s", spec.anchor_op, spec.weight, spec.note)
-    target = compiler_target(builder.target)
-    records_target = builder_records_target(builder)
+    # a GPU kernel is one thread's task whatever `threads` tag its device carries
+    gpu = is_cuda_target(target)
+    records_target = target_name(target) if gpu else builder_records_target(builder)
     transfer: dict[rec.Workload, str] = {}
     factory = searcher_factory or default_searcher_factory(
         options, store, target, records_target, transfer
@@ -461,7 +492,7 @@ def configs_from_records(
         raise ValueError(f"target {target!r} carries {carried} threads, the build asks {threads}")
     count = carried if threads is None else threads
     resolved = rec.records_target(target_name(base), count)
-    tunable, _ = model_tasks(graph, count)
+    tunable, _ = model_tasks(graph, count, base)
     for mt in tunable:
         size = len(mt.task.space)
         fitting = [
