@@ -16,7 +16,10 @@ once with `DaskBuilder` on a `distributed.LocalCluster` of as many worker proces
 thread each) on 127.0.0.1; which goes first alternates by workload. Every run builds into an
 empty compile cache, and its workers are warmed (imports) before the clock.
 Both build for this machine's target class (what a Dask builder resolves "host" to).
-candidates/s = trials / wall time of `tune()`.
+candidates/s = trials / wall time of `tune()`; build core-s = the CPU seconds (user + system) the
+builder's processes and their compilers spent during it, per candidate: lowering, gcc, and the
+references the check needs (read from /proc: the processes the builder started, and the children
+they reaped).
 
 Network (`--network-trials N`, off by default): `tune_network()` of ResNet-18 at 56x56 with the
 local builder on the same pool, N trials with the random searcher (so both ways measure nearly
@@ -36,6 +39,7 @@ the loop times it.
 Ends with one line (the loop figures are dense 256's, nan with `--costs-only`; lower_p95_s /
 compile_p95_s the worst template's):
     throughput: candidates_per_s_local=<x> candidates_per_s_dask=<x> lower_p95_s=<s> compile_p95_s=<s>
+        build_core_s_local=<s>   (on the same line: core-seconds per candidate, local builder)
 """
 
 from __future__ import annotations
@@ -107,10 +111,43 @@ class LoopRun:
     measure_s: float
     search_s: float
     ok: int
+    build_core_s: float  # CPU seconds of the builder's processes and compilers, all candidates
+
+    @property
+    def build_core_s_per(self) -> float:
+        return self.build_core_s / self.trials
 
     @property
     def per_s(self) -> float:
         return self.trials / self.wall_s
+
+
+def _process_table() -> dict[int, tuple[int, float]]:
+    """Every process's parent and CPU seconds (its own and its reaped children's), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, float]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # ended meanwhile
+        # after the name: state, ppid, ... utime, stime, cutime, cstime (fields 4 and 14-17)
+        table[int(stat.parent.name)] = (int(fields[1]), sum(map(int, fields[11:15])) / tick)
+    return table
+
+
+def descendants(pid: int) -> dict[int, float]:
+    """CPU seconds of each process below `pid` (its compilers' included once they are reaped)."""
+    table = _process_table()
+    below: dict[int, float] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, cpu_s) in table.items():
+            if ppid == parent and child not in below:
+                below[child] = cpu_s
+                frontier.append(child)
+    return below
 
 
 @contextmanager
@@ -151,6 +188,7 @@ def loop_run(
     target: str,
 ) -> LoopRun:
     task = Task(workload)
+    before = set(descendants(os.getpid()))  # the agents and the tracker: not the builder's
     with (
         tempfile.TemporaryDirectory(prefix="kiln-throughput-") as tmp,
         make(args.cores, str(Path(tmp) / "cache"), target) as builder,
@@ -158,6 +196,7 @@ def loop_run(
         builder.build(WARM_UP, list(range(args.cores * PER_UNIT)))  # imports, process starts
         runner = PoolRunner(config, EVALUATORS[args.evaluator], devices=2)
         try:
+            start = {p: s for p, s in descendants(os.getpid()).items() if p not in before}
             t0 = time.perf_counter()
             progress = tune(
                 task,
@@ -167,6 +206,8 @@ def loop_run(
                 records=Path(tmp) / "records.jsonl",
             )
             wall = time.perf_counter() - t0
+            end = descendants(os.getpid())
+            build_core_s = sum(end.get(p, s) - s for p, s in start.items())
         finally:
             runner.close()
     ok = sum(r.result.ok for r in progress.history)
@@ -179,10 +220,11 @@ def loop_run(
         progress.measure_s,
         progress.search_s,
         ok,
+        build_core_s,
     )
     print(
         f"  {case:<22} {name:<6} {run.trials} trials in {wall:5.1f} s = {run.per_s:5.1f}/s "
-        f"({ok} ok)",
+        f"({ok} ok, build {run.build_core_s_per:.3f} core-s each)",
         file=sys.stderr,
         flush=True,
     )
@@ -361,7 +403,7 @@ def main() -> None:
         print_costs(costs, args.samples)
         print(
             f"throughput: candidates_per_s_local=nan candidates_per_s_dask=nan "
-            f"lower_p95_s={lower_p95:.3f} compile_p95_s={compile_p95:.3f}"
+            f"lower_p95_s={lower_p95:.3f} compile_p95_s={compile_p95:.3f} build_core_s_local=nan"
         )
         return
 
@@ -382,12 +424,12 @@ def main() -> None:
         f"\nwhole loop, {args.trials} trials in batches of {args.batch}, 2 agents, {args.cores} cores, "
         f"evaluator {args.evaluator}"
     )
-    head = f"{'case':<22} {'builder':<8} {'cand/s':>7} {'wall s':>7} {'build s':>8} {'measure s':>9} {'search s':>8} {'ok':>4}"
+    head = f"{'case':<22} {'builder':<8} {'cand/s':>7} {'wall s':>7} {'build s':>8} {'measure s':>9} {'search s':>8} {'ok':>4} {'build core-s/cand':>17}"
     print(head)
     for r in runs:
         print(
             f"{r.case:<22} {r.builder:<8} {r.per_s:7.1f} {r.wall_s:7.1f} {r.build_s:8.1f} "
-            f"{r.measure_s:9.1f} {r.search_s:8.1f} {r.ok:4d}"
+            f"{r.measure_s:9.1f} {r.search_s:8.1f} {r.ok:4d} {r.build_core_s_per:17.3f}"
         )
     print_costs(costs, args.samples)
     print(
@@ -411,7 +453,7 @@ def main() -> None:
     print(
         f"throughput: candidates_per_s_local={dense['local'].per_s:.1f} "
         f"candidates_per_s_dask={dense['dask'].per_s:.1f} lower_p95_s={lower_p95:.3f} "
-        f"compile_p95_s={compile_p95:.3f}"
+        f"compile_p95_s={compile_p95:.3f} build_core_s_local={dense['local'].build_core_s_per:.3f}"
     )
 
 

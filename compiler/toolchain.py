@@ -4,7 +4,9 @@ Targets name a class of CPU ("x86_64-avx512", "x86_64-avx2", "x86_64", "aarch64-
 flags that build portable code for it; "host" builds for exactly this machine (-march=native).
 The compiler is gcc by default; `get_target(name, compiler="clang")` swaps in clang (with
 OpenMP from libgomp), and a target for another machine uses its cross compiler
-(aarch64-linux-gnu-gcc on an x86_64 host). Sources with `#pragma omp` get -fopenmp. An internal
+(aarch64-linux-gnu-gcc on an x86_64 host). Sources with `#pragma omp` get -fopenmp; sources that
+call the timing harness (`codegen.timing.HARNESS_SYMBOL`) get its object linked in, compiled once
+per target and compiler and flags and kept in the cache beside the shared objects. An internal
 compiler error is retried once with safer flags (-O2 -fno-tree-vectorize): GCC 12's aarch64
 vectorizer crashes on some plain loops at -O3.
 
@@ -31,16 +33,42 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.codegen.timing import HARNESS_SOURCE, HARNESS_SYMBOL
 from compiler.errors import BuildError
 
 _LOG = logging.getLogger(__name__)
 
 CACHE_ENV = "KILN_CACHE_DIR"
 COMPILE_TIMEOUT_S = 300.0
+# GCC -O3 passes that find nothing to change in generated C but still look at every loop or
+# function: Kiln's schedules already distribute, interchange, peel, split and unroll-and-jam the
+# loops they want so, strides are constants (nothing to version), and a unit's kernels never
+# call one another (nothing to clone or fold). Without them a dense unit compiles about 7%
+# faster, and the assembly of sampled candidates of every template (dense, the convolutions,
+# Winograd, depthwise, pools, reductions, softmax) is byte for byte the same
+# (tests/unit/test_timing_harness.py keeps checking dense). GCC's own names: clang gets none.
+_GCC_ONLY_FLAGS = (
+    "-fno-tree-loop-distribution",
+    "-fno-split-loops",
+    "-fno-ipa-cp-clone",
+    "-fno-peel-loops",
+    "-fno-version-loops-for-strides",
+    "-fno-loop-interchange",
+    "-fno-loop-unroll-and-jam",
+    "-fno-ipa-icf",
+)
 # No -ffast-math: a kernel must not reassociate its sums away from the reference's. Contraction
 # into FMA is allowed (ISO C mode turns it off): one rounding fewer per multiply-add, and the
 # difference from numpy stays far inside the checks' tolerances.
-_COMMON_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c11", "-fno-math-errno", "-ffp-contract=fast")
+_COMMON_FLAGS = (
+    "-O3",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+    "-fno-math-errno",
+    "-ffp-contract=fast",
+    *_GCC_ONLY_FLAGS,
+)
 
 
 @dataclass(frozen=True)
@@ -155,7 +183,8 @@ def get_target(target: Target | str, compiler: str | None = None) -> Target:
     if compiler == "clang":
         if tgt.is_cross:
             raise BuildError(f"clang builds for this machine only, not {tgt.name}")
-        flags = tuple(f for f in tgt.flags if f != "-mprefer-vector-width=512")
+        skip = {"-mprefer-vector-width=512", *_GCC_ONLY_FLAGS}
+        flags = tuple(f for f in tgt.flags if f not in skip)
         return dataclasses.replace(tgt, compiler="clang", flags=flags)
     return dataclasses.replace(tgt, compiler=compiler)
 
@@ -182,13 +211,40 @@ def compile_shared(source: str, target: Target | str = "host") -> SharedObject:
     """
     tgt = get_target(target)
     flags = (*tgt.flags, *_extra_flags(source, tgt.compiler))
-    key = _cache_key(source, tgt.compiler, flags)
+    objects = [str(path) for path in _runtime_objects(source, tgt)]
+    # An object's name is its content key, so a changed harness rebuilds what links it.
+    key = _cache_key(source, tgt.compiler, (*flags, *(Path(o).name for o in objects)))
 
     def build(src: Path, out: Path) -> None:
-        _compile_or_retry(tgt, flags, ["-o", str(out), str(src)])
+        _compile_or_retry(tgt, flags, ["-o", str(out), *objects, str(src)])
 
     path, hit = _cached_build(key, "module.c", "so", source, build)
     return SharedObject(path.read_bytes(), path, cache_hit=hit)
+
+
+def compile_object(source: str, target: Target | str = "host") -> Path:
+    """The cached path of C `source` compiled into a position-independent object for `target`,
+    to link into shared objects.
+
+    Raises:
+        BuildError: as compile_shared.
+    """
+    tgt = get_target(target)
+    flags = (*(f for f in tgt.flags if f != "-shared"), *_extra_flags(source, tgt.compiler))
+    key = _cache_key(source, tgt.compiler, (*flags, "-c"))
+
+    def build(src: Path, out: Path) -> None:
+        _compile_or_retry(tgt, flags, ["-c", "-o", str(out), str(src)])
+
+    path, _ = _cached_build(key, "object.c", "o", source, build)
+    return path
+
+
+def _runtime_objects(source: str, tgt: Target) -> tuple[Path, ...]:
+    """Objects the source asks for: the timing harness when a timing entry calls it."""
+    if HARNESS_SYMBOL + "(" not in source:
+        return ()
+    return (compile_object(HARNESS_SOURCE, tgt),)
 
 
 def _compile_or_retry(tgt: Target, flags: Sequence[str], tail: list[str]) -> None:
@@ -226,10 +282,12 @@ class UnitBuild:
         self._keys: list[str] = []
         self._objects: list[Future[tuple[Path, bool]]] = []
         self._openmp = False
+        self._runtimes: set[Path] = set()
 
     def add(self, source: str) -> None:
         extra = _extra_flags(source, self.target.compiler)
         self._openmp |= bool(extra)
+        self._runtimes.update(_runtime_objects(source, self.target))
         flags = (*self.target.flags, *extra)
         key = _cache_key(source, self.target.compiler, (*flags, "-c"))
         self._keys.append(key)
@@ -247,8 +305,11 @@ class UnitBuild:
             self.close()
         tgt = self.target
         flags = (*tgt.flags, *(_extra_flags("#pragma omp", tgt.compiler) if self._openmp else ()))
-        key = _cache_key("\0".join(self._keys), tgt.compiler, (*flags, "link"))
-        paths = [str(path) for path, _ in objects]
+        runtimes = sorted(self._runtimes)
+        key = _cache_key(
+            "\0".join(self._keys), tgt.compiler, (*flags, "link", *(p.name for p in runtimes))
+        )
+        paths = [str(path) for path, _ in objects] + [str(p) for p in runtimes]
 
         def build(listing: Path, out: Path) -> None:
             _compile_or_retry(tgt, flags, ["-o", str(out), *paths])

@@ -1,4 +1,4 @@
-"""The native timing entry generated beside each CPU kernel, so no Python overhead enters a sample.
+"""The native timing entry beside each CPU kernel, so no Python overhead enters a sample.
 
 ABI (protos/common.proto, EntryPoint):
 
@@ -23,6 +23,16 @@ sleeps the cooldown, both outside the timed region, times `number` calls with
 clock_gettime(CLOCK_MONOTONIC) and writes the mean seconds per call to samples_s[r]. It writes the
 final `number` to *number_used (if not NULL). It returns 0, -1 for a NULL cfg (or NULL samples_s
 with repeat > 0), or the first nonzero code a kernel call returned.
+
+The loop itself is the timing harness, `HARNESS_SOURCE`: one C file compiled once per target
+(and compiler and flags) into an object of the build cache, and linked into every shared object
+whose source calls it (`compiler.toolchain` looks for `HARNESS_SYMBOL`). Each kernel's entry is a
+one-line call of the harness with the kernel's address, so a unit no longer compiles a copy of
+the loop per kernel, nor the headers it needs: that was about a sixth of a dense candidate's
+compile time. The kernel is called through a function pointer: an indirect call costs what the
+call through the PLT in a per-kernel copy did (a kernel is global in a -fPIC object), so an
+empty kernel times the same either way. The harness has hidden visibility, so each shared
+object calls its own copy.
 """
 
 from __future__ import annotations
@@ -31,10 +41,21 @@ from compiler.codegen.c import check_symbol
 
 TIMING_SUFFIX = "__time"
 BAD_ARGUMENTS = -1
+HARNESS_SYMBOL = "kiln_timing_time"
 
-TIMING_PRELUDE = r"""
+# What a unit needs to define timing entries: the config stays opaque, the harness is extern.
+TIMING_PRELUDE = f"""
+typedef struct kiln_timing_config kiln_timing_config;
+__attribute__((visibility("hidden"))) int32_t {HARNESS_SYMBOL}(
+    int32_t (*fn)(void **), void **args, const kiln_timing_config *cfg, double *samples_s,
+    int32_t *number_used);
+"""
+
+HARNESS_SOURCE = r"""/* Kiln's timing harness (compiler/codegen/timing.py), linked into each CPU artifact. */
+#define _POSIX_C_SOURCE 199309L
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <time.h>
 
 typedef struct kiln_timing_config {
@@ -88,23 +109,22 @@ static int32_t kiln_timing_run(int32_t (*fn)(void **), void **args, int64_t numb
   *elapsed_s = kiln_timing_now_s() - start;
   return 0;
 }
-"""
 
-_ENTRY = r"""
-int32_t SYMBOL__time(void **args, const kiln_timing_config *cfg, double *samples_s,
-                     int32_t *number_used) {
+__attribute__((visibility("hidden"))) int32_t HARNESS_SYMBOL(
+    int32_t (*fn)(void **), void **args, const kiln_timing_config *cfg, double *samples_s,
+    int32_t *number_used) {
   if (cfg == NULL || (cfg->repeat > 0 && samples_s == NULL)) return BAD_ARGUMENTS;
   int64_t number = cfg->number > 0 ? cfg->number : 1;
   double elapsed_s = 0.0;
   int32_t rc;
   for (int32_t i = 0; i < cfg->warmup; ++i) {
-    rc = SYMBOL(args);
+    rc = fn(args);
     if (rc != 0) return rc;
   }
   if (cfg->min_repeat_ms > 0.0) {
     double min_s = cfg->min_repeat_ms * 1e-3;
     for (;;) {
-      rc = kiln_timing_run(SYMBOL, args, number, &elapsed_s);
+      rc = kiln_timing_run(fn, args, number, &elapsed_s);
       if (rc != 0) return rc;
       if (elapsed_s >= min_s || number >= KILN_TIMING_MAX_NUMBER) break;
       /* Aim a little past the target so that one more run usually suffices. */
@@ -121,13 +141,20 @@ int32_t SYMBOL__time(void **args, const kiln_timing_config *cfg, double *samples
       kiln_timing_flush(cfg->flush_buf, cfg->flush_bytes);
     }
     if (cfg->cooldown_ms > 0.0) kiln_timing_sleep_ms(cfg->cooldown_ms);
-    rc = kiln_timing_run(SYMBOL, args, number, &elapsed_s);
+    rc = kiln_timing_run(fn, args, number, &elapsed_s);
     if (rc != 0) return rc;
     samples_s[r] = elapsed_s / (double)number;
   }
   return 0;
 }
-"""
+""".replace("HARNESS_SYMBOL", HARNESS_SYMBOL).replace("BAD_ARGUMENTS", str(BAD_ARGUMENTS))
+
+_ENTRY = r"""
+int32_t SYMBOL__time(void **args, const kiln_timing_config *cfg, double *samples_s,
+                     int32_t *number_used) {
+  return HARNESS_SYMBOL(SYMBOL, args, cfg, samples_s, number_used);
+}
+""".replace("HARNESS_SYMBOL", HARNESS_SYMBOL)
 
 
 def timing_symbol(symbol: str) -> str:
@@ -136,9 +163,7 @@ def timing_symbol(symbol: str) -> str:
 
 
 def render_timing(symbols: list[str]) -> str:
-    """The timing prelude (once) and one timing entry per kernel symbol, to append after the kernels."""
-    entries = [
-        _ENTRY.replace("SYMBOL", check_symbol(s)).replace("BAD_ARGUMENTS", str(BAD_ARGUMENTS))
-        for s in symbols
-    ]
+    """The timing prelude (once) and one timing entry per kernel symbol, to append after the
+    kernels; the shared object must link the harness (`compiler.toolchain` does)."""
+    entries = [_ENTRY.replace("SYMBOL", check_symbol(s)) for s in symbols]
     return "".join([TIMING_PRELUDE, *entries])

@@ -21,6 +21,7 @@ from model_runtime import ModelRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler import toolchain, zoo
+from compiler.codegen.timing import HARNESS_SOURCE
 from compiler.frontend.onnx import from_onnx
 from compiler.graph import Category, GraphError, get_op, registry
 from compiler.graph import passes as P
@@ -183,7 +184,8 @@ def test_a_model_split_into_translation_units_builds_and_matches(
     real_run = toolchain._run
 
     def spy(cmd: list[str]) -> Any:
-        commands.append(cmd)
+        if Path(cmd[-1]).read_bytes() != HARNESS_SOURCE.encode():  # the harness: once per cache
+            commands.append(cmd)
         return real_run(cmd)
 
     monkeypatch.setattr(toolchain, "_run", spy)
