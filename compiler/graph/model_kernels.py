@@ -65,8 +65,10 @@ class Step:
 
 
 # An untuned kernel of fewer FLOPs than this stays on one thread on a multi-thread build: an
-# OpenMP region costs 12-21 us to open here (REFERENCE.md), a few percent of a kernel this size.
-PARALLEL_MIN_FLOP = 2e6
+# OpenMP region costs microseconds to open and close, a large part of a smaller kernel's time.
+# MobileNetV2's depthwise convolutions at 14x14 and 7x7 (0.7-1.4 MFLOP, 7-18 us on one thread)
+# still gained from a second thread (the whole model 2-5% faster on two than with 2e6 here).
+PARALLEL_MIN_FLOP = 5e5
 # A parallel loop whose iterations share out over the threads at least this evenly is taken
 # as it is: 3 output-channel blocks on 2 threads (0.75) waste a quarter of the threads' time,
 # 9 blocks (0.9) a tenth, so a choice that fuses in more loops (more, smaller chunks) is taken
@@ -82,7 +84,8 @@ def default_config(
     threads: int = 1,
 ) -> Config:
     """The first config of the template's space (for `threads` threads: `threaded_space`) with
-    the given knob values that is worth measuring.
+    the given knob values that is worth measuring (the lowest by the template's `default_rank`,
+    where it has one: the 1x1 template's flat tiles).
 
     `blocks` pins the layout knobs (ic_block, oc_block, c_block) to the graph's layout. The
     first config with those values is the answer when no config is worth measuring. On more
@@ -145,17 +148,27 @@ def _first_config(
     space: ConfigSpace,
     pinned: Mapping[str, object],
 ) -> tuple[Config, bool]:
-    """The first config of `space` with the `pinned` knob values that is worth measuring, else
-    the first with them; and whether it is worth measuring."""
+    """The first config of `space` with the `pinned` knob values that is worth measuring (of
+    those, the lowest by the template's `default_rank` where it has one), else the first with
+    them; and whether it is worth measuring."""
+    rank = getattr(template, "default_rank", None)
     first: Config | None = None
+    best: tuple[tuple[int, ...], Config] | None = None
     for i in range(len(space)):
         config = space.get(i)
         if any(config.get(k) != v for k, v in pinned.items() if k in config):
             continue
         if first is None:
             first = config
-        if template.worth_measuring(workload, config, target):
+        if not template.worth_measuring(workload, config, target):
+            continue
+        if rank is None:
             return config, True
+        key = tuple(rank(workload, config))
+        if best is None or key < best[0]:
+            best = (key, config)
+    if best is not None:
+        return best[1], True
     if first is None:
         raise GraphError(f"{template.name}{workload}: no config has the layout's blocks {pinned}")
     return first, False

@@ -58,9 +58,13 @@ PARALLEL_LOOPS = {"outer": 2, "fused": 3}
 PIXEL_TILINGS = ("rows", "flat")
 CONV_MAX_TILE = 24  # accumulator vectors: a conv tile also keeps weight vectors live per tap
 # Flat pixel tiles: AVX-512's long ones, then every count from 16 down (AVX2's 12-accumulator
-# tiles are 6x2, 4x3 and 12x1 vectors). Largest first, so the first tile that fits the
-# registers (an untuned build's default) is the largest.
+# tiles are 6x2, 4x3 and 12x1 vectors). Largest first; an untuned 1x1 build takes the tile
+# `Conv2d1x1Template.default_rank` ranks first.
 FLAT_TILES = (28, 24, 20, *range(16, 0, -1))
+# An untuned 1x1 build's flat tile takes at most this many pixels: a pixel is one broadcast
+# per input channel, and on one vector of output channels the 20- and 24-pixel tiles (the
+# largest that fit) ran 1.2-1.8x slower than 16 on every such MobileNetV2 layer (AVX-512).
+DEFAULT_FLAT_MAX_PIXELS = 16
 
 
 def conv_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -474,6 +478,16 @@ class Conv2d1x1Template(Conv2dNCHWcTemplate):
         if self.parallel_splits_a_tail(shape, config, flat=True):
             return False
         return self.flat_tile_fits(shape, config, target)
+
+    def default_rank(self, shape: tuple[int, ...], config: Config) -> tuple[int, ...]:
+        """How an untuned build ranks `config` among those worth measuring (lowest first; ties
+        in space order): a flat tile of at most DEFAULT_FLAT_MAX_PIXELS, one that divides the
+        pixels (no tail tile, and a "fused" parallel loop may split it), the largest."""
+        if not self.flat(shape):
+            return ()
+        oh, ow = self.geometry(shape)[-2:]
+        reg_n = int(config["reg_n"])
+        return (reg_n > DEFAULT_FLAT_MAX_PIXELS, (oh * ow) % reg_n != 0, -reg_n)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         if not self.flat(shape):
