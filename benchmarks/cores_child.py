@@ -1,9 +1,9 @@
 """The timed halves of `benchmarks/cores.py` that need a fresh process per thread count.
 
-OpenBLAS reads OPENBLAS_NUM_THREADS and libgomp OMP_NUM_THREADS / OMP_PROC_BIND / OMP_PLACES
-once, when they load; so each sgemm thread count, and the model section, runs in its own process
-(`python benchmarks/cores_child.py sgemm|models ...`), which sets them before numpy loads and
-prints one JSON line last. `cores.py` starts these and reads that line.
+OpenBLAS reads OPENBLAS_NUM_THREADS and libgomp OMP_NUM_THREADS / OMP_PROC_BIND / OMP_PLACES /
+GOMP_SPINCOUNT once, when they load; so each sgemm thread count, and the model section, runs in
+its own process (`python benchmarks/cores_child.py sgemm|models ...`), which sets them before
+numpy loads and prints one JSON line last. `cores.py` starts these and reads that line.
 
 - sgemm N THREADS: the `dense` template against numpy's matmul (OpenBLAS on THREADS threads).
   Candidates: the tuned one-thread config of `kernels_best.json` for this machine's target
@@ -30,6 +30,8 @@ def _set_threads(threads: int) -> None:
     os.environ["MKL_NUM_THREADS"] = str(threads)
     os.environ.setdefault("OMP_PROC_BIND", "true")
     os.environ.setdefault("OMP_PLACES", "cores")
+    # as a device agent's child polls (device_agent/executor.py's OPENMP_SPIN_COUNT says why)
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 if __name__ == "__main__" and len(sys.argv) > 2:

@@ -7,9 +7,13 @@ repeat, not the median: on this shared 2-vCPU machine another process often hold
 parallel kernel then waits a scheduler quantum at its barrier; the fastest repeat is what the
 kernel costs when both cores are its own. The whole models are timed the same way, alternating,
 so the table also shows the gap between a model and the sum of its kernels (OpenMP regions
-opened and closed, outputs that the next kernel reads from the other core's cache).
+opened and closed, outputs that the next kernel reads from the other core's cache). With
+`--flush-mb N` every repeat is one call after N MB are swept through the caches, as a kernel
+of a model meets its weights when they do not all fit the last-level cache (ResNet-18's 46 MB):
+the sums then come near the whole model's time.
 
     python benchmarks/cores_kernels.py [--model mobilenet_v2] [--threads 2] [--top 25]
+        [--flush-mb 64]
 
 Prints the kernels with the most time lost to the ideal (1-thread time / N), then one line:
 
@@ -25,6 +29,7 @@ import sys
 if __name__ == "__main__":  # libgomp reads these once, when the first kernel loads it
     os.environ.setdefault("OMP_PROC_BIND", "true")
     os.environ.setdefault("OMP_PLACES", "cores")
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # device_agent/executor.py's OPENMP_SPIN_COUNT
 
 import argparse
 import ctypes
@@ -33,6 +38,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
 
 from compiler import zoo
 from compiler.frontend.onnx import from_onnx
@@ -50,8 +57,11 @@ def _gomp() -> ctypes.CDLL:
     return gomp
 
 
-def step_timer(native: NativeModel, plan: ModelPlan, index: int) -> Callable[[int], float]:
-    """The fastest of REPEATS repeats of `number` calls of step `index`, in seconds a call."""
+def step_timer(
+    native: NativeModel, plan: ModelPlan, index: int, flush: np.ndarray | None = None
+) -> Callable[[int], float]:
+    """The fastest of REPEATS repeats of `number` calls of step `index`, in seconds a call;
+    `flush` (bytes) swept through the caches before each repeat."""
     step = plan.steps[index]
     args = native.step_args(plan, step)
     timer = abi.bind_timing(native.lib, native.model.artifact.entries[index].timing_symbol)
@@ -63,8 +73,8 @@ def step_timer(native: NativeModel, plan: ModelPlan, index: int) -> Callable[[in
             repeat=REPEATS,
             min_repeat_ms=0.0,
             cooldown_ms=0.0,
-            flush_buf=None,
-            flush_bytes=0,
+            flush_buf=None if flush is None else flush.ctypes.data,
+            flush_bytes=0 if flush is None else flush.nbytes,
         )
         samples = (ctypes.c_double * REPEATS)()
         if timer(args, ctypes.byref(cfg), samples, None) != 0:
@@ -90,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; fastest kept")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--flush-mb", type=int, default=0, help="sweep this many MB before each kernel call"
+    )
     opts = parser.parse_args(argv)
     proto = zoo.build(opts.model)
     feeds = seeded_feeds(proto, 0, zoo.BERT_VOCAB)
@@ -102,8 +115,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]:
         raise SystemExit("the builds have different steps: compare them by hand")
     gomp = _gomp()
+    flush = np.ones(opts.flush_mb << 20, np.uint8) if opts.flush_mb > 0 else None
+    number = 1 if flush is not None else 5  # a flush before each repeat: one cold call each
     timers = {
-        n: [step_timer(natives[n], plans[n], i) for i in range(len(plans[n].steps))] for n in counts
+        n: [step_timer(natives[n], plans[n], i, flush) for i in range(len(plans[n].steps))]
+        for n in counts
     }
     best = {n: [float("inf")] * len(plans[n].steps) for n in counts}
     whole = {n: float("inf") for n in counts}
@@ -111,10 +127,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         for n in counts if r % 2 == 0 else counts[::-1]:
             gomp.omp_set_num_threads(n)
             for i, run in enumerate(timers[n]):
-                best[n][i] = min(best[n][i], run(5))
+                best[n][i] = min(best[n][i], run(number))
             whole[n] = min(whole[n], fastest_call_s(with_threads(natives[n].call, n), 50))
     one, many = best[1], best[counts[1]]
-    print(f"{opts.model}: each kernel's fastest repeat, 1 thread vs {opts.threads} (us)")
+    cold = f", after a {opts.flush_mb} MB flush" if flush is not None else ""
+    print(f"{opts.model}: each kernel's fastest repeat{cold}, 1 thread vs {opts.threads} (us)")
     print(
         f"  {'kernel':<18} {'role':<7} {'1t':>8} {f'{opts.threads}t':>8} {'scaling':>8} {'lost':>8}  parallel"
     )

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from device_agent.__main__ import parse_args, parse_core_set
-from device_agent.executor import openmp_env
+from device_agent.executor import OPENMP_SPIN_COUNT, openmp_env
 from protos import agent_pb2, agent_pb2_grpc
 
 RPC_S = 10.0
@@ -81,6 +81,7 @@ def test_core_sets_parse_and_must_be_disjoint(capsys: pytest.CaptureFixture[str]
     assert "two sets" in capsys.readouterr().err
     assert openmp_env(()) == {"OMP_NUM_THREADS": "1", "OMP_PROC_BIND": "false"}
     assert openmp_env((2, 5))["OMP_PLACES"] == "{2},{5}"
+    assert openmp_env((2, 5))["GOMP_SPINCOUNT"] == str(OPENMP_SPIN_COUNT)
 
 
 def test_agent_process_tags_each_core_set_with_its_threads(tmp_path: Path) -> None:
@@ -113,6 +114,7 @@ def test_agent_process_tags_each_core_set_with_its_threads(tmp_path: Path) -> No
         for (allowed, env), cores in zip(seen, sorted(sets), strict=True):
             assert allowed == cores
             assert env["OMP_NUM_THREADS"] == str(len(cores)) and env["OMP_PROC_BIND"] == "true"
+            assert env["GOMP_SPINCOUNT"] == str(OPENMP_SPIN_COUNT)  # no milliseconds of polling
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20.0)
         assert proc.returncode == 0, stderr.decode()
