@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("build_cache")
 
 # (template, workload of at least PARALLEL_MIN_FLOP, layout blocks): "outer" runs 3 channel
 # blocks on 2 threads (balance 0.75), and the pixels of the 1x1 images are no multiple of the
-# first tile that fits
+# largest tiles that fit (a fused loop must not split a tail)
 UNEVEN = [
     ("conv2d_1x1_nchwc", (1, 64, 22, 23, 48, 1, 1, 1, 0, 3), {"ic_block": 16, "oc_block": 16}),
     ("conv2d_1x1_nchwc", (1, 16, 112, 112, 96, 1, 1, 1, 0, 3), {"ic_block": 16, "oc_block": 32}),
