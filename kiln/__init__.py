@@ -11,6 +11,7 @@ The Python API (the `kiln` command line is built on it):
     tune_op(pool, op, shape, trials=..., records=..., options=TuneOptions(...))
     tune_network(pool, "net.onnx", trials=..., records=...)   every task, one budget
     build("net.onnx", records, target=...)                    the model, best configs
+    build_gpu("net.onnx", records, target="cuda/sm=90")       the model for a GPU
     run(pool, artifact_or_dir, inputs)                        outputs + latency on a device
     open_records("r.jsonl" | "redis://host:port/0")           the records store
     TuneOptions(...)                                          search, budget, check, resume
@@ -25,16 +26,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kiln.api import build, open_records, run, tune_network, tune_op
+    from kiln.api import build, build_gpu, open_records, run, tune_network, tune_op
     from kiln.pool import Pool
     from tuner.options import TuneOptions
 
-__all__ = ["Pool", "TuneOptions", "build", "open_records", "run", "tune_network", "tune_op"]
+__all__ = [
+    "Pool",
+    "TuneOptions",
+    "build",
+    "build_gpu",
+    "open_records",
+    "run",
+    "tune_network",
+    "tune_op",
+]
 
 _HOMES = {
     "Pool": "kiln.pool",
     "TuneOptions": "tuner.options",
     "build": "kiln.api",
+    "build_gpu": "kiln.api",
     "open_records": "kiln.api",
     "run": "kiln.api",
     "tune_network": "kiln.api",
