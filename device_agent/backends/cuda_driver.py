@@ -10,7 +10,7 @@ Every failed call raises `CudaError` naming the call and the driver's error; `st
 the error poisoned the context (CUDA_ERROR_ILLEGAL_ADDRESS and its kin: every later call in the
 process fails the same way, so the process must be replaced).
 
-`Gpu` and `Cublas` are the small convenience layer that the GPU tests and `benchmarks/cuda_gemm.py`
+`Gpu` and `Cublas` are the small convenience layer that the GPU tests and `benchmarks/cuda.py`
 use (device 0, upload/download numpy arrays, time a callable); cuBLAS shares the device's primary
 context, so device pointers pass between the two.
 """
@@ -548,6 +548,13 @@ class Gpu:
         self.driver.close_context()
 
 
+# cuBLAS's enums (cublas_api.h, library_types.h) for the calls above.
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUDA_R_32F, CUDA_R_16F = 0, 2
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
+
+
 def _preload_cublas_lt(cublas: str) -> None:
     """cuBLAS needs cuBLASLt, which wheels ship beside it without an rpath to it: load the
     one in the same folder first (nothing for a bare library name)."""
@@ -581,6 +588,35 @@ class Cublas:
         if status:
             raise CudaError("cublasSgemm", status, "cuBLAS status")
 
+    def sgemm_nt(
+        self, m: int, n: int, k: int, a: DeviceBuffer, b: DeviceBuffer, c: DeviceBuffer
+    ) -> None:
+        """C[m, n] = A[m, k] @ B[n, k]^T, row-major (a dense layer's layout): column-major
+        C^T = op_T(B^T) A^T, both operands read with leading dimension k."""
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        status = self.lib.cublasSgemm_v2(
+            self.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, ctypes.byref(one),
+            ctypes.c_uint64(b.ptr), k, ctypes.c_uint64(a.ptr), k,
+            ctypes.byref(zero), ctypes.c_uint64(c.ptr), n,
+        )  # fmt: skip
+        if status:
+            raise CudaError("cublasSgemm", status, "cuBLAS status")
+
+    def hgemm_nt(
+        self, m: int, n: int, k: int, a: DeviceBuffer, b: DeviceBuffer, c: DeviceBuffer
+    ) -> None:
+        """C[m, n] = A[m, k] @ B[n, k]^T with float16 A and B and a float32 C, summed in
+        float32 (cublasGemmEx, CUBLAS_COMPUTE_32F: cuBLAS runs it on tensor cores)."""
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        status = self.lib.cublasGemmEx(
+            self.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, ctypes.byref(one),
+            ctypes.c_uint64(b.ptr), CUDA_R_16F, k, ctypes.c_uint64(a.ptr), CUDA_R_16F, k,
+            ctypes.byref(zero), ctypes.c_uint64(c.ptr), CUDA_R_32F, n,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT,
+        )  # fmt: skip
+        if status:
+            raise CudaError("cublasGemmEx", status, "cuBLAS status")
+
     def close(self) -> None:
         self.lib.cublasDestroy_v2(self.handle)
 
@@ -600,6 +636,10 @@ def _cublas_candidates() -> list[str]:
     roots += [f"{p}/nvidia/cu*/lib" for p in sys.path] + [
         f"{p}/nvidia/cublas/lib" for p in sys.path
     ]
+    # a Python whose wheels carry cuBLAS, when this one's do not (the lent GPU machines' image
+    # has it under /opt/torch/.venv)
+    roots += ["/opt/*/.venv/lib/python3*/site-packages/nvidia/cu*/lib"]
+    roots += ["/opt/*/.venv/lib/python3*/site-packages/nvidia/cublas/lib"]
     for root in roots:
         names += sorted(glob.glob(f"{root}/libcublas.so*"))
     return [n for n in names if n]
