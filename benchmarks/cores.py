@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--sizes",
         default="2048x2048,1920x1080",
-        help="blur images, WIDTHxHEIGHT, comma-separated; the first gives the blur_ fields",
+        help="blur images, WIDTHxHEIGHT, comma-separated ('' skips); the first gives the blur_ fields",
     )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument(
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for key in (*first, *(k for k in timed if k.startswith("scaling_"))):
         if key in timed:
             fields[key] = f"{timed[key]:.2f}"
-    for i, (h, w) in enumerate(_size(t) for t in opts.sizes.split(",")):
+    for i, (h, w) in enumerate(_size(t) for t in opts.sizes.split(",") if t):
         ratios = blur_section(h, w, opts.rounds, opts.threads)
         if i == 0:
             fields.update({f"blur_{k}": f"{v:.2f}" for k, v in ratios.items()})
