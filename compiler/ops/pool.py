@@ -44,6 +44,21 @@ def pool_reference(x: np.ndarray, k: int, stride: int, pad: int, mode: str) -> n
     return (np.sum(windows, axis=0) / (k * k)).astype(np.float32)
 
 
+def window_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A pooling workload (N, C, H, W, K, stride, pad) checked for template `name`, with
+    (OH, OW) appended.
+
+    Raises:
+        ValueError: a malformed workload, or a window that does not fit the padded input.
+    """
+    _, _, h, w, k, stride, pad = check_workload(name, shape, WINDOW_FIELDS, may_be_zero=("pad",))
+    if h + 2 * pad < k or w + 2 * pad < k:
+        raise ValueError(f"{name}: the {k}x{k} window does not fit the padded input")
+    if pad >= k:
+        raise ValueError(f"{name}: pad {pad} must be smaller than the window {k}")
+    return (*shape, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1)
+
+
 class Pool2dTemplate(OpTemplate):
     """Max or average pooling over pre-padded NCHW[x]c data."""
 
@@ -58,14 +73,7 @@ class Pool2dTemplate(OpTemplate):
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The workload checked, with (OH, OW) appended."""
-        _, _, h, w, k, stride, pad = check_workload(
-            self.name, shape, WINDOW_FIELDS, may_be_zero=("pad",)
-        )
-        if h + 2 * pad < k or w + 2 * pad < k:
-            raise ValueError(f"{self.name}: the {k}x{k} window does not fit the padded input")
-        if pad >= k:
-            raise ValueError(f"{self.name}: pad {pad} must be smaller than the window {k}")
-        return (*shape, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1)
+        return window_geometry(self.name, shape)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         geometry = self.geometry(shape)

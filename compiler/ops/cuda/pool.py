@@ -26,7 +26,7 @@ from compiler import te
 from compiler.ir import expr as E
 from compiler.ops.base import OpTemplate
 from compiler.ops.cuda.injective import bind_flat
-from compiler.ops.pool import GLOBAL_FIELDS, WINDOW_FIELDS, pool_reference
+from compiler.ops.pool import GLOBAL_FIELDS, WINDOW_FIELDS, pool_reference, window_geometry
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import check_workload
 from compiler.schedule.schedule import Schedule, create_schedule
@@ -49,14 +49,7 @@ class CudaPool2dTemplate(OpTemplate):
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The workload checked, with (OH, OW) appended."""
-        _, _, h, w, k, stride, pad = check_workload(
-            self.name, shape, WINDOW_FIELDS, may_be_zero=("pad",)
-        )
-        if h + 2 * pad < k or w + 2 * pad < k:
-            raise ValueError(f"{self.name}: the {k}x{k} window does not fit the padded input")
-        if pad >= k:
-            raise ValueError(f"{self.name}: pad {pad} must be smaller than the window {k}")
-        return (*shape, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1)
+        return window_geometry(self.name, shape)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         self.geometry(shape)
