@@ -86,6 +86,24 @@ def padded(x: Tensor, pad: int) -> Tensor:
     return te.compute((n, blocks, h + 2 * pad, w + 2 * pad, cb), body, name="data_pad")
 
 
+def depthwise_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A depthwise workload (N, C, H, W, KH, KW, stride, pad, epilogue) checked for template
+    `name`, with (OH, OW) appended.
+
+    Raises:
+        ValueError: a malformed workload, an unknown epilogue, or a kernel larger than the
+            padded input.
+    """
+    _, _, h, w, kh, kw, stride, pad, epilogue = check_workload(
+        name, shape, FIELDS, may_be_zero=("pad", "epilogue")
+    )
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"{name}: epilogue must be one of {EPILOGUES}, got {epilogue}")
+    if h + 2 * pad < kh or w + 2 * pad < kw:
+        raise ValueError(f"{name}: the {kh}x{kw} kernel does not fit the padded input")
+    return (*shape, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1)
+
+
 class DepthwiseConv2dTemplate(OpTemplate):
     """Depthwise convolution with channels as vector lanes and an ow register tile."""
 
@@ -95,14 +113,7 @@ class DepthwiseConv2dTemplate(OpTemplate):
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The workload checked, with (OH, OW) appended."""
-        _, _, h, w, kh, kw, stride, pad, epilogue = check_workload(
-            self.name, shape, FIELDS, may_be_zero=("pad", "epilogue")
-        )
-        if epilogue not in EPILOGUES:
-            raise ValueError(f"{self.name}: epilogue must be one of {EPILOGUES}, got {epilogue}")
-        if h + 2 * pad < kh or w + 2 * pad < kw:
-            raise ValueError(f"{self.name}: the {kh}x{kw} kernel does not fit the padded input")
-        return (*shape, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1)
+        return depthwise_geometry(self.name, shape)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         c, ow = self.geometry(shape)[1], self.geometry(shape)[-1]

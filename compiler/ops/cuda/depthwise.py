@@ -31,10 +31,9 @@ import numpy as np
 from compiler import te
 from compiler.ir import expr as E
 from compiler.ops.base import OpTemplate
-from compiler.ops.conv2d import EPILOGUES, RELU6_CAP
-from compiler.ops.depthwise import FIELDS, depthwise_reference
+from compiler.ops.conv2d import RELU6_CAP
+from compiler.ops.depthwise import FIELDS, depthwise_geometry, depthwise_reference
 from compiler.ops.space import Config, ConfigSpace, Knob
-from compiler.ops.util import check_workload
 from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.math import all_of, clamp, in_range
 from compiler.te.tensor import Tensor
@@ -59,14 +58,7 @@ class CudaDepthwiseConv2dTemplate(OpTemplate):
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The workload checked, with (OH, OW) appended."""
-        _, _, h, w, kh, kw, stride, pad, epilogue = check_workload(
-            self.name, shape, FIELDS, may_be_zero=("pad", "epilogue")
-        )
-        if epilogue not in EPILOGUES:
-            raise ValueError(f"{self.name}: epilogue must be one of {EPILOGUES}, got {epilogue}")
-        if h + 2 * pad < kh or w + 2 * pad < kw:
-            raise ValueError(f"{self.name}: the {kh}x{kw} kernel does not fit the padded input")
-        return (*shape, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1)
+        return depthwise_geometry(self.name, shape)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         _, _, _, _, kh, kw, stride, *_ = self.geometry(shape)
