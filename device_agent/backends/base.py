@@ -32,6 +32,8 @@ from device_agent.domain import (
 )
 from device_agent.jobs import RUN, Job, JobResult, ReferenceCheck
 
+ELF_MAGIC = b"\x7fELF"  # a shared object: an accelerator backend's host-side check reference
+
 
 class JobFailed(Exception):
     """Ends a job early with `status`; raised by backend steps, caught by `execute`."""
@@ -257,3 +259,16 @@ def _args(
         return make_args(entry.args, seed, inputs)
     except (ValueError, TypeError) as e:
         raise JobFailed(Status.RUNTIME_ERROR, f"cannot make the args of {entry.symbol}: {e}") from e
+
+
+def read_artifact(path: str) -> bytes:
+    """The bytes of the cached artifact at `path`.
+
+    Raises:
+        JobFailed: LOAD_ERROR naming why the file cannot be read.
+    """
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise JobFailed(Status.LOAD_ERROR, f"cannot read artifact: {e.strerror}") from e

@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from device_agent.backends.base import JobFailed, NativeBackend
+from device_agent.backends.base import ELF_MAGIC, JobFailed, NativeBackend, read_artifact
 from device_agent.backends.cpu import CpuBackend
 from device_agent.backends.cuda_driver import (
     DEFAULT_SHARED_BYTES,
@@ -66,7 +66,6 @@ from device_agent.domain import EntryPoint, EvaluatorConfig, Status, Telemetry
 from device_agent.jobs import Job, JobResult
 from protos.cuda_program import CudaModule, CudaProgram, ProgramError, decode_module, is_cuda_module
 
-_ELF_MAGIC = b"\x7fELF"
 # Modules kept loaded per child (each holds its workspaces on the GPU): a tuning run measures
 # each candidate a few times in a row, so a few suffice.
 _KEEP_MODULES = 16
@@ -250,12 +249,8 @@ class CudaBackend(NativeBackend):
         if loaded is not None:
             self._loaded.move_to_end(path)
             return loaded
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise JobFailed(Status.LOAD_ERROR, f"cannot read artifact: {e.strerror}") from e
-        if data[:4] == _ELF_MAGIC:
+        data = read_artifact(path)
+        if data[:4] == ELF_MAGIC:
             return _Host(self._host.load(path))
         if not is_cuda_module(data):
             raise JobFailed(Status.LOAD_ERROR, "cannot load artifact: not a CUDA container")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from device_agent.backends.base import JobFailed, NativeBackend
+from device_agent.backends.base import ELF_MAGIC, JobFailed, NativeBackend, read_artifact
 from device_agent.backends.cpu import CpuBackend
 from device_agent.domain import (
     AccelCycles,
@@ -57,7 +57,6 @@ from protos.vta_program import MAGIC, Program, ProgramError, decode_programs
 
 _LOG = logging.getLogger(__name__)
 SPEC_ENV = "KILN_VTA_SPEC"
-_ELF_MAGIC = b"\x7fELF"
 # Decoded artifacts kept per child (an artifact may carry baked-in weights, so not all of them),
 # and reports: a tuning run measures each candidate once, so neither needs to hold many.
 _KEEP_ARTIFACTS = 16
@@ -152,12 +151,8 @@ class VtaSimBackend(NativeBackend):
         if loaded is not None:
             self._loaded.move_to_end(path)
             return loaded
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise JobFailed(Status.LOAD_ERROR, f"cannot read artifact: {e.strerror}") from e
-        if data[:4] == _ELF_MAGIC:
+        data = read_artifact(path)
+        if data[:4] == ELF_MAGIC:
             return _Host(self._host.load(path))
         if data[:4] != MAGIC:
             raise JobFailed(Status.LOAD_ERROR, "cannot load artifact: not an accelerator program")
