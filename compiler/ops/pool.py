@@ -44,36 +44,69 @@ def pool_reference(x: np.ndarray, k: int, stride: int, pad: int, mode: str) -> n
     return (np.sum(windows, axis=0) / (k * k)).astype(np.float32)
 
 
-def window_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A pooling workload (N, C, H, W, K, stride, pad) checked for template `name`, with
-    (OH, OW) appended.
-
-    Raises:
-        ValueError: a malformed workload, or a window that does not fit the padded input.
-    """
-    _, _, h, w, k, stride, pad = check_workload(name, shape, WINDOW_FIELDS, may_be_zero=("pad",))
-    if h + 2 * pad < k or w + 2 * pad < k:
-        raise ValueError(f"{name}: the {k}x{k} window does not fit the padded input")
-    if pad >= k:
-        raise ValueError(f"{name}: pad {pad} must be smaller than the window {k}")
-    return (*shape, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1)
-
-
-class Pool2dTemplate(OpTemplate):
-    """Max or average pooling over pre-padded NCHW[x]c data."""
+class WindowPool(OpTemplate):
+    """What a KxK window pooling template shares, whatever its device and layout: the workload
+    (N, C, H, W, K, stride, pad), its checks and output size, the numpy reference and FLOPs.
+    Subclasses lay out and schedule it."""
 
     fields = WINDOW_FIELDS
-    layout_knobs = ("c_block",)
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, name: str) -> None:
         if mode not in ("max", "avg"):
             raise ValueError(f"pool mode must be max or avg, got {mode!r}")
         self.mode = mode
-        self.name = f"{mode}_pool2d_nchwc"
+        self.name = name
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The workload checked, with (OH, OW) appended."""
-        return window_geometry(self.name, shape)
+        _, _, h, w, k, stride, pad = check_workload(
+            self.name, shape, WINDOW_FIELDS, may_be_zero=("pad",)
+        )
+        if h + 2 * pad < k or w + 2 * pad < k:
+            raise ValueError(f"{self.name}: the {k}x{k} window does not fit the padded input")
+        if pad >= k:
+            raise ValueError(f"{self.name}: pad {pad} must be smaller than the window {k}")
+        return (*shape, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1)
+
+    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        return [self.geometry(shape)[:4]]
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        raise TypeError(f"{self.name}: the reference needs the workload; call reference_for")
+
+    def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
+        _, _, _, _, k, stride, pad, _, _ = self.geometry(shape)
+        return pool_reference(inputs[0], k, stride, pad, self.mode)
+
+    def flop(self, shape: tuple[int, ...]) -> float:
+        n, c, _, _, k, _, _, oh, ow = self.geometry(shape)
+        return float(n * c * oh * ow * k * k)
+
+
+class GlobalAvgPool(OpTemplate):
+    """What a global average pooling template shares: the workload (N, C, H, W), the numpy
+    reference (the mean over H and W, per channel) and FLOPs."""
+
+    fields = GLOBAL_FIELDS
+
+    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        return [check_workload(self.name, shape, GLOBAL_FIELDS)]
+
+    def reference(self, *inputs: np.ndarray) -> np.ndarray:
+        return inputs[0].astype(np.float64).mean(axis=(2, 3)).astype(np.float32)
+
+    def flop(self, shape: tuple[int, ...]) -> float:
+        n, c, h, w = check_workload(self.name, shape, GLOBAL_FIELDS)
+        return float(n * c * h * w)
+
+
+class Pool2dTemplate(WindowPool):
+    """Max or average pooling over pre-padded NCHW[x]c data."""
+
+    layout_knobs = ("c_block",)
+
+    def __init__(self, mode: str) -> None:
+        super().__init__(mode, f"{mode}_pool2d_nchwc")
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         geometry = self.geometry(shape)
@@ -91,20 +124,6 @@ class Pool2dTemplate(OpTemplate):
 
     def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
         return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
-
-    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        return [self.geometry(shape)[:4]]
-
-    def reference(self, *inputs: np.ndarray) -> np.ndarray:
-        raise TypeError(f"{self.name}: the reference needs the workload; call reference_for")
-
-    def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
-        _, _, _, _, k, stride, pad, _, _ = self.geometry(shape)
-        return pool_reference(inputs[0], k, stride, pad, self.mode)
-
-    def flop(self, shape: tuple[int, ...]) -> float:
-        n, c, _, _, k, _, _, oh, ow = self.geometry(shape)
-        return float(n * c * oh * ow * k * k)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         n, c, h, w, k, stride, pad, oh, ow = self.geometry(shape)
@@ -171,11 +190,10 @@ class Pool2dTemplate(OpTemplate):
         return unpack_nchwc(output)
 
 
-class GlobalAvgPoolTemplate(OpTemplate):
+class GlobalAvgPoolTemplate(GlobalAvgPool):
     """The mean over H and W of NCHW[x]c data, per channel."""
 
     name = "global_avg_pool2d_nchwc"
-    fields = GLOBAL_FIELDS
     layout_knobs = ("c_block",)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
@@ -189,16 +207,6 @@ class GlobalAvgPoolTemplate(OpTemplate):
 
     def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
         return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
-
-    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        return [check_workload(self.name, shape, GLOBAL_FIELDS)]
-
-    def reference(self, *inputs: np.ndarray) -> np.ndarray:
-        return inputs[0].astype(np.float64).mean(axis=(2, 3)).astype(np.float32)
-
-    def flop(self, shape: tuple[int, ...]) -> float:
-        n, c, h, w = check_workload(self.name, shape, GLOBAL_FIELDS)
-        return float(n * c * h * w)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         n, c, h, w = check_workload(self.name, shape, GLOBAL_FIELDS)

@@ -20,13 +20,10 @@ cross-thread reduction, `compiler.lower.allreduce`).
 
 from __future__ import annotations
 
-import numpy as np
-
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate
 from compiler.ops.cuda.injective import bind_flat
-from compiler.ops.pool import GLOBAL_FIELDS, WINDOW_FIELDS, pool_reference, window_geometry
+from compiler.ops.pool import GLOBAL_FIELDS, GlobalAvgPool, WindowPool
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.ops.util import check_workload
 from compiler.schedule.schedule import Schedule, create_schedule
@@ -36,20 +33,11 @@ from compiler.te.tensor import Tensor
 THREADS = (64, 128, 256, 512)
 
 
-class CudaPool2dTemplate(OpTemplate):
+class CudaPool2dTemplate(WindowPool):
     """Max or average pooling of NCHW data, padding applied in the kernel."""
 
-    fields = WINDOW_FIELDS
-
     def __init__(self, mode: str) -> None:
-        if mode not in ("max", "avg"):
-            raise ValueError(f"pool mode must be max or avg, got {mode!r}")
-        self.mode = mode
-        self.name = f"cuda_{mode}_pool2d"
-
-    def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The workload checked, with (OH, OW) appended."""
-        return window_geometry(self.name, shape)
+        super().__init__(mode, f"cuda_{mode}_pool2d")
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         self.geometry(shape)
@@ -60,20 +48,6 @@ class CudaPool2dTemplate(OpTemplate):
                 Knob("unroll_window", (True, False)),
             ]
         )
-
-    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        return [self.geometry(shape)[:4]]
-
-    def reference(self, *inputs: np.ndarray) -> np.ndarray:
-        raise TypeError(f"{self.name}: the reference needs the workload; call reference_for")
-
-    def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
-        _, _, _, _, k, stride, pad, _, _ = self.geometry(shape)
-        return pool_reference(inputs[0], k, stride, pad, self.mode)
-
-    def flop(self, shape: tuple[int, ...]) -> float:
-        n, c, _, _, k, _, _, oh, ow = self.geometry(shape)
-        return float(n * c * oh * ow * k * k)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         n, c, h, w, k, stride, pad, oh, ow = self.geometry(shape)
@@ -110,25 +84,14 @@ class CudaPool2dTemplate(OpTemplate):
         return sch
 
 
-class CudaGlobalAvgPoolTemplate(OpTemplate):
+class CudaGlobalAvgPoolTemplate(GlobalAvgPool):
     """The mean over H and W of NCHW data, per channel: a plane per thread or per block."""
 
     name = "cuda_global_avg_pool2d"
-    fields = GLOBAL_FIELDS
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         check_workload(self.name, shape, GLOBAL_FIELDS)
         return ConfigSpace([Knob("reduce", ("thread", "block")), Knob("threads", THREADS)])
-
-    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        return [check_workload(self.name, shape, GLOBAL_FIELDS)]
-
-    def reference(self, *inputs: np.ndarray) -> np.ndarray:
-        return inputs[0].astype(np.float64).mean(axis=(2, 3)).astype(np.float32)
-
-    def flop(self, shape: tuple[int, ...]) -> float:
-        n, c, h, w = check_workload(self.name, shape, GLOBAL_FIELDS)
-        return float(n * c * h * w)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         n, c, h, w = check_workload(self.name, shape, GLOBAL_FIELDS)
