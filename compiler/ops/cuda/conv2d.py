@@ -22,7 +22,6 @@ import numpy as np
 
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate
 from compiler.ops.conv2d import conv2d_reference, local_accumulators
 from compiler.ops.cuda.gemm import (
     MAX_ACCUMULATORS,
@@ -31,6 +30,7 @@ from compiler.ops.cuda.gemm import (
     GemmOperand,
     GemmProblem,
     GemmTemplateBase,
+    ReshapedArgsTemplate,
     apply_epilogue,
     axis_tile_choices,
     epilogue_reference,
@@ -74,7 +74,7 @@ def padded_read(x: Tensor, n: E.Expr, c: E.Expr, ih: E.Expr, iw: E.Expr, pad: in
     return tm.if_then_else(inside, x[n, c, tm.clamp(ih, h), tm.clamp(iw, w)], 0.0)
 
 
-class _ConvBase(OpTemplate):
+class _ConvBase(ReshapedArgsTemplate):
     fields = FIELDS
 
     def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -103,20 +103,6 @@ class _ConvBase(OpTemplate):
         bias = np.asarray(inputs[2], np.float64).reshape(1, -1, 1, 1) if epi else None
         residual = inputs[3].astype(np.float64) if epi == Epilogue.BIAS_ADD_RELU else None
         return epilogue_reference(out.astype(np.float64), bias, residual, Epilogue(epi))
-
-    def pack_inputs(
-        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
-    ) -> list[np.ndarray]:
-        args = self.tensors(shape, config)
-        return [
-            np.ascontiguousarray(x, np.float32).reshape(t.shape)
-            for x, t in zip(inputs, args, strict=False)
-        ]
-
-    def unpack_output(
-        self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
-    ) -> np.ndarray:
-        return output.reshape(self.output_shape(shape))
 
 
 class CudaConv2dGemmTemplate(_ConvBase, GemmTemplateBase):

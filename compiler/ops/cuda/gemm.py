@@ -474,7 +474,30 @@ def epilogue_reference(
     return np.asarray(out, np.float32)
 
 
-class GemmTemplateBase(OpTemplate):
+class ReshapedArgsTemplate(OpTemplate):
+    """A template whose arguments are its logical arrays' bytes in other shapes (an output, a
+    residual declared in the tile's shape): packing and unpacking are reshapes."""
+
+    def pack_inputs(
+        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        args = self.tensors(shape, config)
+        return [
+            np.ascontiguousarray(x, np.float32).reshape(t.shape)
+            for x, t in zip(inputs, args, strict=False)
+        ]
+
+    def unpack_output(
+        self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
+    ) -> np.ndarray:
+        return output.reshape(self.output_shape(shape))
+
+    def output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The logical output's shape."""
+        raise NotImplementedError
+
+
+class GemmTemplateBase(ReshapedArgsTemplate):
     """What dense, batch matmul and the implicit-GEMM convolution share: a `GemmProblem` per
     workload and config, the GEMM knobs, the tiled output layout."""
 
@@ -517,23 +540,6 @@ class GemmTemplateBase(OpTemplate):
     def schedule(self, shape: tuple[int, ...], config: Config, args: list[Tensor]) -> Schedule:
         p = self.problem(shape, args)
         return schedule_gemm(p, config, args[-1])
-
-    def pack_inputs(
-        self, shape: tuple[int, ...], config: Config | None, inputs: Sequence[np.ndarray]
-    ) -> list[np.ndarray]:
-        args = self.tensors(shape, config)
-        return [
-            np.ascontiguousarray(x, np.float32).reshape(t.shape)
-            for x, t in zip(inputs, args, strict=False)
-        ]
-
-    def unpack_output(
-        self, shape: tuple[int, ...], config: Config | None, output: np.ndarray
-    ) -> np.ndarray:
-        return output.reshape(self.output_shape(shape))
-
-    def output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        raise NotImplementedError
 
     def flop(self, shape: tuple[int, ...]) -> float:
         p = self.problem(shape, self.gemm_inputs(shape))
