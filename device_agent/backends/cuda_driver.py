@@ -579,24 +579,31 @@ class Cublas:
         self, m: int, n: int, k: int, a: DeviceBuffer, b: DeviceBuffer, c: DeviceBuffer
     ) -> None:
         """C[m, n] = A[m, k] @ B[k, n], row-major: column-major C^T = B^T A^T."""
-        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        status = self.lib.cublasSgemm_v2(
-            self.handle, 0, 0, n, m, k, ctypes.byref(one),
-            ctypes.c_uint64(b.ptr), n, ctypes.c_uint64(a.ptr), k,
-            ctypes.byref(zero), ctypes.c_uint64(c.ptr), n,
-        )  # fmt: skip
-        if status:
-            raise CudaError("cublasSgemm", status, "cuBLAS status")
+        self._sgemm(CUBLAS_OP_N, n, m, n, k, a, b, c)
 
     def sgemm_nt(
         self, m: int, n: int, k: int, a: DeviceBuffer, b: DeviceBuffer, c: DeviceBuffer
     ) -> None:
         """C[m, n] = A[m, k] @ B[n, k]^T, row-major (a dense layer's layout): column-major
         C^T = op_T(B^T) A^T, both operands read with leading dimension k."""
+        self._sgemm(CUBLAS_OP_T, k, m, n, k, a, b, c)
+
+    def _sgemm(
+        self,
+        op_b: int,
+        ld_b: int,
+        m: int,
+        n: int,
+        k: int,
+        a: DeviceBuffer,
+        b: DeviceBuffer,
+        c: DeviceBuffer,
+    ) -> None:
+        """cublasSgemm of row-major A [m][k] and B (op_b, leading dimension ld_b) into C."""
         one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         status = self.lib.cublasSgemm_v2(
-            self.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, ctypes.byref(one),
-            ctypes.c_uint64(b.ptr), k, ctypes.c_uint64(a.ptr), k,
+            self.handle, op_b, CUBLAS_OP_N, n, m, k, ctypes.byref(one),
+            ctypes.c_uint64(b.ptr), ld_b, ctypes.c_uint64(a.ptr), k,
             ctypes.byref(zero), ctypes.c_uint64(c.ptr), n,
         )  # fmt: skip
         if status:
