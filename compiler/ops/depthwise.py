@@ -86,54 +86,28 @@ def padded(x: Tensor, pad: int) -> Tensor:
     return te.compute((n, blocks, h + 2 * pad, w + 2 * pad, cb), body, name="data_pad")
 
 
-def depthwise_geometry(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A depthwise workload (N, C, H, W, KH, KW, stride, pad, epilogue) checked for template
-    `name`, with (OH, OW) appended.
+class Depthwise(OpTemplate):
+    """What a depthwise convolution template shares, whatever its device and layout: the
+    workload (N, C, H, W, KH, KW, stride, pad, epilogue), its checks and output size, the numpy
+    reference and FLOPs. Subclasses lay out and schedule it."""
 
-    Raises:
-        ValueError: a malformed workload, an unknown epilogue, or a kernel larger than the
-            padded input.
-    """
-    _, _, h, w, kh, kw, stride, pad, epilogue = check_workload(
-        name, shape, FIELDS, may_be_zero=("pad", "epilogue")
-    )
-    if epilogue not in EPILOGUES:
-        raise ValueError(f"{name}: epilogue must be one of {EPILOGUES}, got {epilogue}")
-    if h + 2 * pad < kh or w + 2 * pad < kw:
-        raise ValueError(f"{name}: the {kh}x{kw} kernel does not fit the padded input")
-    return (*shape, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1)
-
-
-class DepthwiseConv2dTemplate(OpTemplate):
-    """Depthwise convolution with channels as vector lanes and an ow register tile."""
-
-    name = "depthwise_conv2d_nchwc"
     fields = FIELDS
-    layout_knobs = ("c_block",)
 
     def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The workload checked, with (OH, OW) appended."""
-        return depthwise_geometry(self.name, shape)
+        """The workload checked, with (OH, OW) appended.
 
-    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
-        c, ow = self.geometry(shape)[1], self.geometry(shape)[-1]
-        return ConfigSpace(
-            [
-                Knob("c_block", channel_blocks(c)),
-                Knob("reg_n", tile_choices(ow, 16)),
-                Knob("unroll_kw", (True, False)),
-                Knob("pad_at", PAD_AT),
-            ]
+        Raises:
+            ValueError: a malformed workload, an unknown epilogue, or a kernel larger than the
+                padded input.
+        """
+        _, _, h, w, kh, kw, stride, pad, epilogue = check_workload(
+            self.name, shape, FIELDS, may_be_zero=("pad", "epilogue")
         )
-
-    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
-        """The `parallel` choices: "outer" fuses batch and channel blocks into the parallel
-        loop, "fused" the rows too (the padded input is then made per row, whatever `pad_at`
-        says)."""
-        return PARALLEL
-
-    def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
-        return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"{self.name}: epilogue must be one of {EPILOGUES}, got {epilogue}")
+        if h + 2 * pad < kh or w + 2 * pad < kw:
+            raise ValueError(f"{self.name}: the {kh}x{kw} kernel does not fit the padded input")
+        return (*shape, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1)
 
     def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
         n, c, h, w, kh, kw, _, _, epilogue, _, _ = self.geometry(shape)
@@ -154,6 +128,33 @@ class DepthwiseConv2dTemplate(OpTemplate):
     def flop(self, shape: tuple[int, ...]) -> float:
         n, c, _, _, kh, kw, _, _, _, oh, ow = self.geometry(shape)
         return 2.0 * n * c * oh * ow * kh * kw
+
+
+class DepthwiseConv2dTemplate(Depthwise):
+    """Depthwise convolution with channels as vector lanes and an ow register tile."""
+
+    name = "depthwise_conv2d_nchwc"
+    layout_knobs = ("c_block",)
+
+    def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
+        c, ow = self.geometry(shape)[1], self.geometry(shape)[-1]
+        return ConfigSpace(
+            [
+                Knob("c_block", channel_blocks(c)),
+                Knob("reg_n", tile_choices(ow, 16)),
+                Knob("unroll_kw", (True, False)),
+                Knob("pad_at", PAD_AT),
+            ]
+        )
+
+    def parallel_choices(self, shape: tuple[int, ...]) -> tuple[str, ...]:
+        """The `parallel` choices: "outer" fuses batch and channel blocks into the parallel
+        loop, "fused" the rows too (the padded input is then made per row, whatever `pad_at`
+        says)."""
+        return PARALLEL
+
+    def _block(self, shape: tuple[int, ...], config: Config | None) -> int:
+        return int(config["c_block"]) if config is not None else channel_blocks(shape[1])[0]
 
     def internal_pad(self, shape: tuple[int, ...]) -> int:
         """The kernel pads its input itself (see the module doc)."""

@@ -26,13 +26,10 @@ Which tile wins depends on the GPU's occupancy and shared-memory bandwidth: meas
 
 from __future__ import annotations
 
-import numpy as np
-
 from compiler import te
 from compiler.ir import expr as E
-from compiler.ops.base import OpTemplate
 from compiler.ops.conv2d import RELU6_CAP
-from compiler.ops.depthwise import FIELDS, depthwise_geometry, depthwise_reference
+from compiler.ops.depthwise import Depthwise
 from compiler.ops.space import Config, ConfigSpace, Knob
 from compiler.schedule.schedule import Schedule, create_schedule
 from compiler.te.math import all_of, clamp, in_range
@@ -50,15 +47,10 @@ def shared_tile_bytes(kh: int, kw: int, stride: int, tc: int, th: int, tw: int) 
     return 4 * tc * ((th - 1) * stride + kh) * ((tw - 1) * stride + kw)
 
 
-class CudaDepthwiseConv2dTemplate(OpTemplate):
+class CudaDepthwiseConv2dTemplate(Depthwise):
     """Depthwise convolution, a shared-memory input tile per block (see the module doc)."""
 
     name = "cuda_depthwise_conv2d"
-    fields = FIELDS
-
-    def geometry(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The workload checked, with (OH, OW) appended."""
-        return depthwise_geometry(self.name, shape)
 
     def config_space(self, shape: tuple[int, ...]) -> ConfigSpace:
         _, _, _, _, kh, kw, stride, *_ = self.geometry(shape)
@@ -83,29 +75,6 @@ class CudaDepthwiseConv2dTemplate(OpTemplate):
                 Knob("unroll_kw", (True, False)),
             ]
         )
-
-    def logical_shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-        n, c, h, w, kh, kw, _, _, epilogue, _, _ = self.geometry(shape)
-        shapes: list[tuple[int, ...]] = [(n, c, h, w), (c, 1, kh, kw)]
-        return [*shapes, (c,)] if epilogue else shapes
-
-    def reference(self, *inputs: np.ndarray) -> np.ndarray:
-        raise TypeError(f"{self.name}: the reference needs the workload; call reference_for")
-
-    def reference_for(self, shape: tuple[int, ...], *inputs: np.ndarray) -> np.ndarray:
-        *_, stride, pad, epilogue, _, _ = self.geometry(shape)
-        out = depthwise_reference(inputs[0], inputs[1], stride, pad).astype(np.float64)
-        if epilogue:
-            out = out + inputs[2].astype(np.float64).reshape(1, -1, 1, 1)
-        if epilogue >= 2:
-            out = np.maximum(out, 0.0)
-        if epilogue == 3:
-            out = np.minimum(out, RELU6_CAP)
-        return out.astype(np.float32)
-
-    def flop(self, shape: tuple[int, ...]) -> float:
-        n, c, _, _, kh, kw, _, _, _, oh, ow = self.geometry(shape)
-        return 2.0 * n * c * oh * ow * kh * kw
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
         n, c, h, w, kh, kw, stride, pad, epilogue, oh, ow = self.geometry(shape)
