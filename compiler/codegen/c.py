@@ -404,6 +404,19 @@ class FunctionWriter:
             return []  # threads of a CPU kernel share no block; nothing to wait for
         raise CodegenError(f"no C rendering for {type(s).__name__}")
 
+    def lanes_of_registers(self, s: For, depth: int) -> list[str] | None:
+        """Vectorized loop `s` as one copy of its body per lane where its lanes index register
+        variables (which take constant indices only); None otherwise."""
+        if not (isinstance(s.extent, E.IntImm) and self._lanes_index_registers(s)):
+            return None
+        return [
+            line
+            for lane in range(s.extent.value)
+            for line in self.stmt(
+                substitute_stmt(s.body, {s.var: E.IntImm(lane, s.var.dtype)}), depth
+            )
+        ]
+
     def loop(self, s: For, depth: int) -> list[str]:
         from compiler.codegen.vector import render_vector_loop
 
@@ -412,15 +425,9 @@ class FunctionWriter:
             vector = render_vector_loop(self, s, depth)
             if vector is not None:
                 return vector
-            if isinstance(s.extent, E.IntImm) and self._lanes_index_registers(s):
-                # Register variables take constant indices only: one copy of the body per lane.
-                return [
-                    line
-                    for lane in range(s.extent.value)
-                    for line in self.stmt(
-                        substitute_stmt(s.body, {s.var: E.IntImm(lane, s.var.dtype)}), depth
-                    )
-                ]
+            lanes = self.lanes_of_registers(s, depth)
+            if lanes is not None:
+                return lanes
             pragmas.append("#pragma GCC ivdep")  # the schedule promised independent iterations
         elif s.kind is ForKind.UNROLLED:
             bound = constant_bound(s.extent)

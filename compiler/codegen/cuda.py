@@ -288,15 +288,9 @@ class _CudaWriter(FunctionWriter):
             vector = self.vector_copy(s, depth) or self.vector_store(s, depth)
             if vector is not None:
                 return vector
-            if isinstance(s.extent, E.IntImm) and self._lanes_index_registers(s):
-                # register variables take constant indices only: one copy of the body per lane
-                return [
-                    line
-                    for lane in range(s.extent.value)
-                    for line in self.stmt(
-                        substitute_stmt(s.body, {s.var: E.IntImm(lane, s.var.dtype)}), depth
-                    )
-                ]
+            lanes = self.lanes_of_registers(s, depth)
+            if lanes is not None:
+                return lanes
         if s.kind in (ForKind.VECTORIZED, ForKind.UNROLLED):
             return self.plain_loop(s, depth, ["#pragma unroll"])
         return self.plain_loop(s, depth, [])
