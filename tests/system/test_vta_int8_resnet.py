@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_vta_sim_pool import spawn, stop, vta_pool
+from test_vta_sim_pool import spawn, stop, vta_pool, wait_registered
 
 import kiln
 from compiler.quantized.accel import LOWERING, DirectConv
@@ -83,6 +83,7 @@ def test_a_quantised_resnet18_runs_through_the_pool_bit_exact(
         )  # fmt: skip
         monkeypatch.delenv(SPEC_ENV)
         try:
+            wait_registered(tracker_address, secrets_path, "vta-sim-b")
             with kiln.Pool(tracker_address, key="vta-sim-b", token_file=secrets_path) as pool_b:
                 spec_b = device_vta_spec(pool_b)
                 assert spec_b.dram_latency_cycles == 128 and spec_b.clock_mhz == 200

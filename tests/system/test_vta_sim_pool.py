@@ -24,8 +24,9 @@ from device_agent import serde
 from device_agent.testing import upload_chunks
 from device_agent.vta.testing import build_gemm_reference, gemm_program, program_artifact
 from protos import agent_pb2, agent_pb2_grpc, common_pb2, tracker_pb2, tracker_pb2_grpc
-from protos.auth import Role, call_metadata, write_secrets
+from protos.auth import Role, call_metadata, load_secrets, write_secrets
 from protos.vta import VtaSpec
+from tuner.measure.tracker_client import TrackerClient
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -69,6 +70,19 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(WAIT_S)
 
 
+def wait_registered(tracker_address: str, secrets_path: Path, key: str) -> None:
+    """Wait (bounded) until the tracker lists a device of `key`: an agent's ready file means it
+    serves, and the pool sees its device only once it has registered."""
+    client = TrackerClient(tracker_address, load_secrets(secrets_path).token(Role.CLIENT))
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not client.list_devices(key).devices:
+            assert time.monotonic() < deadline, f"no agent of key {key!r} ever registered"
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
 @contextmanager
 def vta_pool(
     workdir: Path, secrets_path: Path, agent_env: dict[str, str] | None = None
@@ -91,6 +105,7 @@ def vta_pool(
             agent_env,
         )  # fmt: skip
         procs.append(agent)
+        wait_registered(tracker_address, secrets_path, "vta-sim")
         yield tracker_address
     finally:
         for proc in reversed(procs):
