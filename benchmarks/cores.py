@@ -69,11 +69,11 @@ from compiler.schedule import Schedule, create_schedule
 from compiler.toolchain import host_target
 from examples.blur import (
     THIRD,
-    TunedConfig,
     aligned_zeros,
     available_cores,
     blur_calls,
     clean_schedule,
+    config_for,
     interleaved_medians,
     kiln_call,
     ms_per_megapixel,
@@ -102,15 +102,17 @@ def _ratio(num: Sequence[float], den: Sequence[float]) -> float:
 
 def copy_schedule(h: int, w: int) -> tuple[Schedule, list[te.Tensor]]:
     """The blur's bytes without its arithmetic, out = image[1:-1, 1:-1] / 3, with the tuned
-    blur's parallel rows, vectors and streamed stores: a floor no schedule of the blur beats."""
+    blur's parallel rows, vectors and kind of store (`config_for`): a floor no schedule of the
+    blur beats."""
     image = te.placeholder((h + 2, w + 2), name="image")
     out = te.compute((h, w), lambda y, x: image[y + 1, x + 1] * THIRD, name="out")
     s = create_schedule(out)
-    cfg = TunedConfig()
+    cfg = config_for(h, w)
     yo, _yi = s[out].split(out.op.axis[0], cfg.rows)
     _xo, xi = s[out].split(out.op.axis[1], cfg.lanes)
     s[out].vectorize(xi)
-    s[out].pragma(xi, NONTEMPORAL)
+    if cfg.nontemporal:
+        s[out].pragma(xi, NONTEMPORAL)
     s[out].parallel(yo)
     return s, [image, out]
 
@@ -130,7 +132,7 @@ def blur_section(h: int, w: int, rounds: int, threads: int) -> dict[str, float]:
     clean = times["clean"]
     tuned_1, tuned_n = times["tuned, 1 thread"], times[f"tuned, {threads} threads"]
     print(f"\nblur {w} x {h} float32 ({h * w / 1e6:.2f} MP), {rounds} interleaved rounds")
-    print(f"tuned: {TunedConfig()}")
+    print(f"tuned: {config_for(h, w)}")
     print(f"{'variant':<24} {'ms/MP':>8} {'best round':>11} {'clean / it':>11}")
     for label, samples in times.items():
         med, best = statistics.median(samples), min(samples)

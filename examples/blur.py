@@ -20,8 +20,9 @@ Two schedules of that one algorithm:
 - tuned (`TunedConfig`): groups of `rows` rows run in parallel (OpenMP); in each, blur_y is
   computed one vector column (`lanes` wide, `rows` rows unrolled) at a time, and blur_x is
   computed at that column: `rows + 2` vectors, held in registers (scope "local", constant
-  indices), never stored. blur_y's stores stream past the caches (pragma NONTEMPORAL: no read of
-  each output line before it is written, and the output does not evict the input).
+  indices), never stored. Where the image and the output exceed the last-level cache, blur_y's
+  stores stream past the caches (pragma NONTEMPORAL: no read of each output line before it is
+  written, and the output does not evict the input); see `config_for`.
 
 Why: the blur does ~6 flops a pixel, so memory bounds it more than arithmetic. The clean schedule
 moves ~6 bytes through the memory system per output byte (image in, blur_x out and back, blur_y
@@ -35,8 +36,15 @@ runs, 0.065-0.075 (6-8x). On two threads it runs within 5-20% of a copy of the s
 (`benchmarks/cores.py`, blur_vs_copy 0.85-0.98), which itself gets only 4.0-4.5x over clean while
 other jobs load the machine: what is left is the memory system's.
 
-`nontemporal` matters: stored normally the output costs a read of each line first (1.2-1.3x slower
-than streamed). The streaming store needs the vector's alignment, so the benchmark's buffers are
+`nontemporal` matters, both ways, and `config_for` picks it by size. Where the input and output
+together exceed the last-level cache (2048 x 2048: 33.6 MB against this machine's 32 MB L3), an
+ordinary store costs a read of each output line from memory first and evicts the input, so the
+output streams: 0.059-0.099 ms/MP streamed against 0.066-0.107 stored normally (2 threads,
+2026-11-27). Where they fit (1920 x 1080: 16.6 MB), both stay in the cache from call to call,
+while streamed stores go to memory every time: 0.050-0.056 stored normally against
+0.056-0.099 streamed. The spread within each range is the host's: on this VM the memory
+bandwidth a process gets alternates between two levels for seconds at a time (a copy of the
+same bytes reads 0.059 or 0.099 alike), so only the cache-resident case escapes it. The streaming store needs the vector's alignment, so the benchmark's buffers are
 64-byte aligned (`aligned_zeros`; numpy aligns to 16) for every variant; a kernel given other
 addresses stores normally, with the same results.
 
@@ -120,8 +128,34 @@ class TunedConfig:
     nontemporal: bool = True
 
 
+def last_level_cache_bytes() -> int | None:
+    """The largest data or unified cache of CPU 0 in bytes (Linux sysfs), or None if unknown."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=None)
+
+
+def config_for(height: int, width: int, cache_bytes: int | None = None) -> TunedConfig:
+    """The tuned config for an `height` x `width` output: blur_y's stores stream past the caches
+    only when the input and the output together exceed the last-level cache (`cache_bytes`,
+    default this machine's; unknown: streamed)."""
+    cache = last_level_cache_bytes() if cache_bytes is None else cache_bytes
+    footprint = 4 * ((height + 2) * (width + 2) + height * width)
+    return TunedConfig(nontemporal=cache is None or footprint > cache)
+
+
 def tuned_schedule(
-    height: int, width: int, cfg: TunedConfig = TunedConfig()
+    height: int, width: int, cfg: TunedConfig | None = None
 ) -> tuple[Schedule, list[te.Tensor]]:
     """Groups of `rows` rows in parallel; in each, blur_y one vector column at a time, the
     column's blur_x computed right there into registers.
@@ -134,6 +168,7 @@ def tuned_schedule(
     splits them evenly whatever the height (256 groups at 2048 rows, 135 at 1080); rows and
     columns that `rows` or `lanes` do not divide get their own loops (loop partition).
     """
+    cfg = config_for(height, width) if cfg is None else cfg
     b = blur_algorithm(height, width)
     s = create_schedule(b.blur_y)
     y, x = b.blur_y.op.axis

@@ -108,3 +108,20 @@ def test_the_examples_own_check_passes_and_catches_a_wrong_answer(
     monkeypatch.setattr(blur, "reference", lambda img: reference(img) + np.float32(1e-3))
     with pytest.raises(AssertionError, match="clean: differs from numpy"):
         blur_calls(19, 45, 2, image)
+
+
+def test_stores_stream_only_where_image_and_output_exceed_the_cache() -> None:
+    mib = 2**20
+    # 2048 x 2048: 16.8 MB in and 16.8 MB out
+    assert blur.config_for(2048, 2048, cache_bytes=32 * mib).nontemporal
+    assert not blur.config_for(2048, 2048, cache_bytes=64 * mib).nontemporal
+    # 1920 x 1080: 16.6 MB in all, inside a 32 MiB cache
+    assert not blur.config_for(1080, 1920, cache_bytes=32 * mib).nontemporal
+    # by default, this machine's cache decides, and the schedule follows the config
+    cfg = blur.config_for(1080, 1920)
+    cache = blur.last_level_cache_bytes()
+    assert cache is None or cache >= 2**16
+    assert cfg.nontemporal == (cache is None or cache < 4 * (1082 * 1922 + 1080 * 1920))
+    for nontemporal in (False, True):
+        sch, args = tuned_schedule(40, 64, TunedConfig(nontemporal=nontemporal))
+        assert ("pragma nontemporal=1" in str(lower(sch, args, "b"))) == nontemporal
