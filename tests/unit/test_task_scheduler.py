@@ -351,3 +351,73 @@ def test_bad_arguments_are_named(kwargs: dict[str, object], needle: str) -> None
 def test_duplicate_task_names_are_refused() -> None:
     with pytest.raises(ValueError, match="'a'"):
         TaskScheduler([fixed("a", [[1.0]]), fixed("a", [[1.0]])], 10, 2)
+
+
+class Preparing:
+    """Tasks with a `prepare` hook; every hook and batch call goes to one event list."""
+
+    def __init__(self, tasks: Sequence[SchedTask]) -> None:
+        self.events: list[tuple[str, str, int]] = []
+        self.tasks = [
+            SchedTask(
+                t.name,
+                t.weight,
+                t.flop,
+                self._noting("batch", t.name, t.tune_batch),
+                t.group,
+                self._noting("prepare", t.name, lambda n: None),
+            )
+            for t in tasks
+        ]
+
+    def _noting(self, what: str, name: str, call: Any) -> Any:
+        def noted(n: int) -> Any:
+            self.events.append((what, name, n))
+            return call(n)
+
+        return noted
+
+
+def story(result: ScheduleResult) -> list[tuple[str, str, int, float]]:
+    return [(a.task, a.reason, a.trials, a.objective_s) for a in result.allocations]
+
+
+@pytest.mark.parametrize("strategy", ["gradient", "round_robin"])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_prepare_never_changes_the_picks(strategy: Any, seed: int) -> None:
+    plain = TaskScheduler(
+        skewed_model(seed)[0], 400, BATCH, strategy=strategy, seed=seed, early_stop_per_task=96
+    ).run()
+    hooked = Preparing(skewed_model(seed)[0])
+    prepared = TaskScheduler(
+        hooked.tasks, 400, BATCH, strategy=strategy, seed=seed, early_stop_per_task=96
+    ).run()
+    assert story(prepared) == story(plain)
+    assert any(what == "prepare" for what, _, _ in hooked.events)
+
+
+@pytest.mark.parametrize("strategy", ["gradient", "round_robin"])
+def test_each_batch_and_the_expected_next_are_prepared_before_it_runs(strategy: Any) -> None:
+    """With epsilon 0 and batches that never improve on a task's first, the guess of the next
+    task is always right: each batch is prepared, then the next one's, then it runs."""
+    tasks = [fixed(f"t{i}", [[(i + 1) * 1e-3] * BATCH]) for i in range(4)]
+    hooked = Preparing(tasks)
+    total = 12 * BATCH + 5  # the last batch is a short one
+    result = TaskScheduler(hooked.tasks, total, BATCH, strategy=strategy, epsilon=0.0).run()
+    picks = [(a.task, a.requested) for a in result.allocations]
+    assert len(picks) == 13 and picks[-1][1] == 5
+    runs = [i for i, (what, _, _) in enumerate(hooked.events) if what == "batch"]
+    for k, at in enumerate(runs):
+        name, n = picks[k]
+        assert hooked.events[at] == ("batch", name, n)
+        before = hooked.events[runs[k - 1] + 1 if k else 0 : at]
+        expected = [("prepare", name, n)]
+        if k + 1 < len(picks) and picks[k + 1][0] != name and picks[k + 1][1] == BATCH:
+            expected.append(("prepare", picks[k + 1][0], BATCH))
+        assert before == expected, (k, before)
+    # in the warm-up every task is prepared before the one ahead of it has been measured
+    assert [p for p in hooked.events[:3]] == [
+        ("prepare", "t0", BATCH),
+        ("prepare", "t1", BATCH),
+        ("batch", "t0", BATCH),
+    ]

@@ -25,11 +25,17 @@ the others go on). A task that has no working candidate yet but is still allowed
 first, since the model's latency cannot be estimated without it.
 
 The scheduler knows nothing of builders, runners or devices: a task is a `tune_batch(n)` callable
-returning the latencies in seconds of the candidates it measured (None for a failed one).
+returning the latencies in seconds of the candidates it measured (None for a failed one), with an
+optional `prepare(n)` that starts that batch's builds early. Before each batch runs, the scheduler
+prepares it and the batch it expects next (certain in the warm-up and in a round-robin; after the
+warm-up, the gradient pick as if the running batch improved nothing), so the next task's builds
+overlap this one's measuring. A task prepared on a wrong guess keeps its builds for its own next
+batch; the picks and what each batch measures are the same with or without `prepare`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -59,6 +65,10 @@ class SchedTask:
             a failure, as is a non-finite or non-positive latency); fewer than `n` results means
             the task's space is exhausted, more than `n` are cut to `n`.
         group: the op template; tasks of one group are "similar" for the throughput bound.
+        prepare: optional; `prepare(n)` starts building the task's next `n` candidates, which its
+            next `tune_batch` then measures (it must not change what that batch measures). The
+            scheduler calls it for the task it is about to run and, before that batch runs, for
+            the task it expects to run next, so that one's builds overlap this one's measuring.
     """
 
     name: str
@@ -66,6 +76,7 @@ class SchedTask:
     flop: float
     tune_batch: Callable[[int], Sequence[float | None]]
     group: str = ""
+    prepare: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +327,7 @@ class TaskScheduler:
                 index, reason = unwarmed[0], "warmup"
             else:
                 index, reason = self._pick(states, live, rng)
+            self._prepare_ahead(states, live, unwarmed, index, used)
             allocation = self._allocate(states, index, reason, used, len(allocations))
             used = allocation.total_trials
             allocations.append(allocation)
@@ -334,6 +346,44 @@ class TaskScheduler:
             for s in states
         ]
         return ScheduleResult(outcomes, used, curve, allocations, stop)
+
+    def _prepare_ahead(
+        self, states: list[_State], live: list[int], unwarmed: list[int], index: int, used: int
+    ) -> None:
+        """Start the builds of task `index`'s batch and, where a full batch follows it, of the
+        task expected next (`_foresee`), in that order, before the batch runs."""
+        n = min(self.batch_size, self.total_trials - used)
+        task = states[index].task
+        if task.prepare is None:
+            return
+        task.prepare(n)
+        if used + n + self.batch_size > self.total_trials:
+            return
+        upcoming = self._foresee(states, live, unwarmed, index, n)
+        prepare = states[upcoming].task.prepare if upcoming is not None else None
+        if upcoming != index and prepare is not None:
+            prepare(self.batch_size)
+
+    def _foresee(
+        self, states: list[_State], live: list[int], unwarmed: list[int], index: int, n: int
+    ) -> int | None:
+        """The task the next allocation will most likely go to, told before this batch of task
+        `index` runs: certain in a round-robin and in the warm-up; after it, the gradient pick
+        as if this batch improved nothing (the epsilon draw aside). None: no guess."""
+        if self.strategy == "round_robin":
+            return min((i for i in live if i > index), default=live[0])
+        if len(unwarmed) > 1:
+            return unwarmed[1]
+        s = states[index]
+        hypothetical = list(states)
+        hypothetical[index] = dataclasses.replace(
+            s, trials=s.trials + n, history=[*s.history, (s.trials + n, s.best_s)]
+        )
+        unmeasured = [i for i in live if not math.isfinite(hypothetical[i].best_s)]
+        if unmeasured:
+            return unmeasured[0]
+        grads = self._gradients(hypothetical, live)
+        return min(live, key=lambda i: (grads[i], i))
 
     def _live_share(self, states: Sequence[_State], live: Sequence[int]) -> float:
         """The live tasks' part of the weighted latency (1 when it cannot be told yet)."""
