@@ -296,6 +296,21 @@ def run_batch(
     return measure_built(runner, built, progress)
 
 
+def confirm_candidates(progress: TuneProgress, top: int) -> list[int]:
+    """The configs `confirm_best` measures again: the `top` fastest of `progress` by
+    `records.best`'s rule; none when `top` < 2 or fewer than two configs worked."""
+    if top < 2 or progress.best is None:
+        return []
+    by_config: dict[int, list[rec.Record]] = {}
+    for r in [*progress.history, *progress.confirmations]:
+        if r.result.ok:
+            by_config.setdefault(r.config_index, []).append(r)
+    if len(by_config) < 2:
+        return []
+    settled = sorted((rec.settled_time(rs) for rs in by_config.values()), key=_seconds)
+    return [r.config_index for r in settled[:top]]
+
+
 def confirm_best(
     task: Task,
     builder: Builder,
@@ -305,29 +320,32 @@ def confirm_best(
     store: RecordStore | None = None,
     rounds: int = CONFIRM_ROUNDS,
     check: bool = True,
+    built: BuildStream | None = None,
 ) -> list[rec.Record]:
     """Measure the `top` fastest configs of `progress` again, `rounds` times, and settle its best.
 
-    The configs are ranked by `records.best`'s rule, measured together in each round (the order
-    reversed every other round, so none always runs first), appended to `store` and kept in
+    The configs (`confirm_candidates`) are built once (or come from `built`, a stream started
+    earlier for exactly them), measured together in each round (the order reversed every other
+    round, so none always runs first), appended to `store` and kept in
     `progress.confirmations`; `progress.best` becomes the config with the fastest upper median
     over all its measurements. Nothing is measured when fewer than two configs worked.
     """
-    if top < 2 or progress.best is None:
+    indices = confirm_candidates(progress, top)
+    if not indices or progress.best is None:
+        if built is not None:
+            built.cancel()
         return []
     best = progress.best
-    by_config: dict[int, list[rec.Record]] = {}
-    for r in [*progress.history, *progress.confirmations]:
-        if r.result.ok:
-            by_config.setdefault(r.config_index, []).append(r)
-    if len(by_config) < 2:
-        return []
-    settled = sorted((rec.settled_time(rs) for rs in by_config.values()), key=_seconds)
-    indices = [r.config_index for r in settled[:top]]
+    if built is None:
+        results_built, seconds = timed_build(builder, task, indices, check)
+    else:
+        results_built, seconds = built.results(), built.seconds
+    progress.build_s += seconds
+    by_index = {b.config_index: b for b in results_built}
     added: list[rec.Record] = []
     for round_ in range(rounds):
         order = indices if round_ % 2 == 0 else indices[::-1]
-        results = run_batch(task, builder, runner, order, progress, check)
+        results = measure_built(runner, [by_index[i] for i in order], progress)
         stamp = rec.now_iso()
         batch = [
             rec.Record(

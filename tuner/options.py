@@ -31,7 +31,8 @@ class TuneOptions:
             one batch of results behind). Off by default: builds running beside measurements on
             the same cores disturb them, so turn it on where the devices have cores of their own
             (`kiln.Pool(pin_cores=...)`, a remote pool); the CLI does, pinning local devices.
-            Network tuning: each batch's candidates are measured as their builds finish.
+            Network tuning: each batch's candidates are measured as their builds finish, and
+            the batch the task scheduler expects next is built while this one is measured.
         check: compare every candidate's outputs with a reference kernel on the device; a
             wrong answer is a WRONG_ANSWER record and never a best.
         give_up_after_batches: with no working candidate after this many batches, raise

@@ -5,9 +5,11 @@ net is `test_network_tune`'s (three tunable tasks)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,110 @@ def test_a_build_past_its_timeout_is_a_build_error_and_the_rest_are_measured(
     [late] = [r for r in records if (str(r.workload), r.config_index) == builder.slow]
     assert late.result.status is Status.BUILD_ERROR and "build timed out" in late.result.error
     assert sum(r.result.ok for r in records) == len(records) - 1 == 15
+
+
+class BuiltAhead:
+    """The fake runner; at each of the first `watch` calls it waits (at most WAIT_S) until the
+    builder has been given a workload not yet measured besides the one it measures, and notes
+    whether that happened."""
+
+    def __init__(self, builder: FakeBuilder, watch: int) -> None:
+        self.builder, self.watch = builder, watch
+        self.measured: list[str] = []
+        self.ahead: list[bool] = []
+        self.fake = FakeRunner(latency_by(uniform))
+
+    def run(
+        self, artifacts: Sequence[Artifact], references: Sequence[Reference | None] = ()
+    ) -> list[MeasureResult]:
+        workload = name_of(artifacts[0])[0]
+        if workload not in self.measured:
+            self.measured.append(workload)
+        if len(self.ahead) < self.watch:
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline:
+                if {str(w) for w, _ in self.builder.built} - set(self.measured):
+                    break
+                time.sleep(0.01)
+            self.ahead.append(bool({str(w) for w, _ in self.builder.built} - set(self.measured)))
+        return self.fake.run(artifacts)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_next_task_is_built_while_this_one_is_measured(graph: Graph, tmp_path: Path) -> None:
+    builder = FakeBuilder()  # a plain builder: built ahead on a thread
+    runner = BuiltAhead(builder, watch=2)
+    store = FileRecords(tmp_path / "r.jsonl")
+    result = tune(graph, builder, runner, options(True), store)
+    # the warm-up's second and third tasks were being built while the first and second measured
+    assert runner.ahead == [True, True]
+    assert len(store.load()) == result.trials == 16
+    plain = FileRecords(tmp_path / "plain.jsonl")
+    plain_result = tune(
+        graph, FakeBuilder(), FakeRunner(latency_by(uniform)), options(False), plain
+    )
+    assert contents(result, store) == contents(plain_result, plain)
+
+
+class Logged(FakeBuilder):
+    """FakeBuilder as a streaming builder whose every submit is noted in `log` at once."""
+
+    timeout_s = None
+
+    def __init__(self, log: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        super().__init__()
+        self.log = log
+
+    def submit(
+        self, workload: rec.Workload, indices: Sequence[int], check: bool = False
+    ) -> BuildStream:
+        self.log.append(("submit", str(workload), tuple(indices)))
+        done: Future[list[BuildResult]] = Future()
+        done.set_result(self.build(workload, indices, check))
+        return BuildStream([(list(indices), done)], FuturesEngine())
+
+
+class LoggedRunner:
+    def __init__(self, log: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        self.log = log
+        self.fake = FakeRunner(latency_by(uniform))
+
+    def run(
+        self, artifacts: Sequence[Artifact], references: Sequence[Reference | None] = ()
+    ) -> list[MeasureResult]:
+        names = [name_of(a) for a in artifacts]
+        self.log.append(("measure", names[0][0], tuple(i for _, i in names)))
+        return self.fake.run(artifacts)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_next_tasks_confirmation_is_built_while_this_one_is_measured(
+    graph: Graph, tmp_path: Path
+) -> None:
+    log: list[tuple[str, str, tuple[int, ...]]] = []
+    store = FileRecords(tmp_path / "r.jsonl")
+    opts = TuneOptions(trials=16, batch_size=4, confirm=2, pipeline=True)
+    result = tune(graph, Logged(log), LoggedRunner(log), opts, store)
+    confirmed: dict[str, list[int]] = {}
+    for r in store.load():
+        if r.confirmation and r.config_index not in confirmed.setdefault(str(r.workload), []):
+            confirmed[str(r.workload)].append(r.config_index)
+    order = list(confirmed)
+    assert len(order) == 3
+    for a, b in itertools.pairwise(order):
+        submitted_a = log.index(("submit", a, tuple(confirmed[a])))
+        submitted_b = log.index(("submit", b, tuple(confirmed[b])))
+        measured_a = next(
+            i for i, e in enumerate(log) if i > submitted_a and e[:2] == ("measure", a)
+        )
+        assert submitted_a < submitted_b < measured_a
+    # each confirmation set was built once for its two rounds
+    assert sum(e[0] == "submit" and e[2] == tuple(confirmed[a]) for e in log for a in order) == 3
+    plain = FileRecords(tmp_path / "plain.jsonl")
+    opts_plain = TuneOptions(trials=16, batch_size=4, confirm=2, pipeline=False)
+    plain_result = tune(graph, FakeBuilder(), FakeRunner(latency_by(uniform)), opts_plain, plain)
+    assert contents(result, store) == contents(plain_result, plain)

@@ -30,11 +30,13 @@ class FakeBuilder:
 
     def __init__(self, broken: Sequence[int] = ()) -> None:
         self.broken = set(broken)
+        self.asked: list[int] = []
 
     def build(
         self, workload: rec.Workload, indices: Sequence[int], check: bool = False
     ) -> list[BuildResult]:
         out = []
+        self.asked += indices
         for i in indices:
             if i in self.broken:
                 out.append(BuildResult(i, None, "BuildError: gcc said no"))
@@ -115,9 +117,10 @@ def test_confirm_measures_the_top_configs_again_and_drops_a_lucky_one(tmp_path: 
     path = tmp_path / "r.jsonl"
     timing = LuckyOnce()
     runner = FakeRunner(timing)
+    builder = FakeBuilder()
     progress = tune(
         task,
-        FakeBuilder(),
+        builder,
         runner,
         TuneOptions(trials=8, batch_size=8, confirm=3),
         searcher=ListSearch(list(range(8))),
@@ -126,6 +129,8 @@ def test_confirm_measures_the_top_configs_again_and_drops_a_lucky_one(tmp_path: 
     assert progress.trials == 8  # confirmation rounds are not trials
     # the three fastest at first (7, 5 and 6 tie with 5: 5 comes first) ran twice more each
     assert timing.runs[7] == 3 and sum(n == 3 for n in timing.runs.values()) == 3
+    # built once more for both rounds
+    assert builder.asked == [*range(8), 7, 5, 6]
     assert len(progress.confirmations) == 6
     assert progress.best is not None and progress.best.config_index in (5, 6)
     assert progress.best.result.median_s == pytest.approx(1 / 6)

@@ -20,8 +20,11 @@ and `build_gpu` (`kiln build --target cuda/sm=90`) builds the model from them.
 
 With `TuneOptions.pipeline` and a streaming builder, a batch's candidates are measured as their
 builds finish (`tuner.loop.run_batch` with `stream`, as `tune` does): one slow build holds up
-only itself, and a unit past the builder's `timeout_s` is a BUILD_ERROR. The batch's records are
-still appended and told in the order asked, once the whole batch is in. Without it (the
+only itself, and a unit past the builder's `timeout_s` is a BUILD_ERROR; and the batch the
+scheduler expects next is asked for and started before this one is measured (`_TaskRun.prepare`),
+so the builder works while the devices measure. The batch's records are still appended and told
+in the order asked, once the whole batch is in, and every batch measures what it would without
+the pipeline. Without it (the
 default), a batch is built whole and then measured, so no build shares the cores with a
 measurement. Confirmation rounds are never streamed: their measuring order is part of them.
 
@@ -41,6 +44,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from compiler.build_cuda import is_cuda_target
@@ -59,11 +63,15 @@ from tuner.loop import (
     builder_records_target,
     compiler_target,
     confirm_best,
+    confirm_candidates,
+    measure_stream,
     resumable_records,
     run_batch,
+    start_build,
     target_name,
 )
 from tuner.measure import MeasureResult
+from tuner.measure.build_stream import BuildStream
 from tuner.measure.builder import Builder
 from tuner.measure.runner import Runner
 from tuner.network.scheduler import Allocation, SchedTask, ScheduleResult, TaskScheduler
@@ -259,6 +267,32 @@ class _TaskRun:
     stream: bool
     progress: TuneProgress = field(default_factory=TuneProgress)
     measured: set[int] = field(default_factory=set)
+    # pipelined runs: where a batch built ahead (`prepare`) is started; and that batch
+    thread: ThreadPoolExecutor | None = None
+    ahead: tuple[list[int], BuildStream | None] | None = None
+
+    def prepare(self, n: int) -> None:
+        """Ask for the next `n` candidates and start building them (pipelined runs only; once
+        until they are measured): the next `tune_batch` measures them. The searcher hears of
+        nothing in between, so they are the candidates that batch would have asked for."""
+        if self.thread is None or self.ahead is not None:
+            return
+        indices = self._ask(n)
+        stream = (
+            start_build(self.builder, self.mt.task, indices, self.check, self.thread)
+            if indices
+            else None
+        )
+        self.ahead = (indices, stream)
+
+    def drop_ahead(self) -> None:
+        """Cancel a batch built ahead that no allocation came for (the run ended first)."""
+        if self.ahead is not None and self.ahead[1] is not None:
+            self.ahead[1].cancel()
+        self.ahead = None
+
+    def _ask(self, n: int) -> list[int]:
+        return [i for i in dict.fromkeys(self.searcher.ask(n)) if i not in self.measured]
 
     def resume(self) -> int:
         """Tell the searcher this task's earlier records; returns how many there were."""
@@ -276,13 +310,19 @@ class _TaskRun:
     def tune_batch(self, n: int) -> list[float | None]:
         """Measure up to `n` new candidates; fewer when the searcher has no more to propose."""
         task = self.mt.task
-        asked = self.searcher.ask(n)
-        indices = [i for i in dict.fromkeys(asked) if i not in self.measured]
+        indices, stream = self.ahead if self.ahead is not None else (self._ask(n), None)
+        self.ahead = None
+        if stream is not None and len(indices) > n:  # more were built ahead than now fit
+            stream.cancel()
+            indices, stream = indices[:n], None
         if not indices:
             return []
-        results = run_batch(
-            task, self.builder, self.runner, indices, self.progress, self.check, self.stream
-        )
+        if stream is not None:
+            results = measure_stream(self.runner, indices, stream, self.progress)
+        else:
+            results = run_batch(
+                task, self.builder, self.runner, indices, self.progress, self.check, self.stream
+            )
         stamp = rec.now_iso()
         size = len(task.space)
         batch = [
@@ -295,6 +335,48 @@ class _TaskRun:
         self.measured.update(indices)
         self.progress.add(batch)
         return [_latency(r) for r in results]
+
+
+def _confirm_all(
+    runs: list[_TaskRun],
+    builder: Builder,
+    runner: Runner,
+    options: TuneOptions,
+    store: RecordStore | None,
+    thread: ThreadPoolExecutor | None,
+) -> None:
+    """`confirm_best` of every task with a best; pipelined (`thread`), each task's configs and
+    the next task's are being built before its rounds are measured."""
+    confirming = [run for run in runs if options.confirm and run.progress.best is not None]
+    started: dict[int, BuildStream | None] = {}
+
+    def start(k: int) -> None:
+        if thread is None or k >= len(confirming) or k in started:
+            return
+        run = confirming[k]
+        indices = confirm_candidates(run.progress, options.confirm)
+        started[k] = (
+            start_build(builder, run.mt.task, indices, options.check, thread) if indices else None
+        )
+
+    try:
+        for k, run in enumerate(confirming):
+            start(k)
+            start(k + 1)
+            confirm_best(
+                run.mt.task,
+                builder,
+                runner,
+                run.progress,
+                options.confirm,
+                store,
+                check=options.check,
+                built=started.pop(k, None),
+            )
+    finally:
+        for stream in started.values():
+            if stream is not None:
+                stream.cancel()
 
 
 def _latency(result: MeasureResult) -> float | None:
@@ -406,6 +488,10 @@ def tune_network(
             task_best_s = best.result.median_s if best is not None else None
             on_batch(ModelTuneStep(allocation, trials, total_trials, curve[-1][1], task_best_s))
 
+    # Pipelined, the batch the scheduler expects next is built while this one is measured.
+    thread = ThreadPoolExecutor(1, thread_name_prefix="kiln-build") if options.pipeline else None
+    for run in runs:
+        run.thread = thread
     sched_tasks = [
         SchedTask(
             run.mt.name,
@@ -413,36 +499,36 @@ def tune_network(
             run.mt.task.flop,
             run.tune_batch,
             run.mt.task.workload.op,
+            run.prepare if thread is not None else None,
         )
         for run in runs
     ]
-    schedule = TaskScheduler(
-        sched_tasks,
-        max(0, total_trials - resumed),
-        batch_size,
-        seed=seed,
-        early_stop_per_task=options.early_stop,
-        on_batch=step,
-        prior={
-            run.mt.name: (
-                run.progress.resumed,
-                run.progress.best.result.median_s if run.progress.best is not None else None,
-            )
-            for run in runs
-            if run.progress.resumed
-        },
-    ).run()
-    for run in runs:
-        if options.confirm and run.progress.best is not None:
-            confirm_best(
-                run.mt.task,
-                builder,
-                runner,
-                run.progress,
-                options.confirm,
-                store,
-                check=options.check,
-            )
+    try:
+        schedule = TaskScheduler(
+            sched_tasks,
+            max(0, total_trials - resumed),
+            batch_size,
+            seed=seed,
+            early_stop_per_task=options.early_stop,
+            on_batch=step,
+            prior={
+                run.mt.name: (
+                    run.progress.resumed,
+                    run.progress.best.result.median_s if run.progress.best is not None else None,
+                )
+                for run in runs
+                if run.progress.resumed
+            },
+        ).run()
+        for run in runs:
+            run.drop_ahead()
+        _confirm_all(runs, builder, runner, options, store, thread)
+    finally:
+        for run in runs:
+            run.drop_ahead()
+            run.thread = None
+        if thread is not None:
+            thread.shutdown(wait=True)  # a plain builder's batch in flight ends first
     outcomes = {o.name: o for o in schedule.tasks}
     reports = [
         TaskReport(
