@@ -193,8 +193,9 @@ class Pool:
             workers: build processes of a local builder.
             per_unit: candidates compiled together in one translation unit.
             spec: "local", a LocalBuilder on the cores the local devices are not pinned to when
-                they are (so builds do not disturb measurements); or "dask://HOST:PORT", a
-                DaskBuilder on that scheduler's workers.
+                they are (so builds do not disturb measurements), with one more worker per
+                device core at idle priority, which builds only while that core's device is
+                not measuring; or "dask://HOST:PORT", a DaskBuilder on that scheduler's workers.
             timeout_s: a unit not built this long after a worker took it is a build error.
 
         Raises:
@@ -212,7 +213,8 @@ class Pool:
             )
         pinned = {*self.pin_cores, *(c for cores in self.core_sets for c in cores)}
         cpus = tuple(sorted(os.sched_getaffinity(0) - pinned)) if pinned else ()
-        workers = min(workers, len(cpus)) if cpus else workers
+        if pinned:
+            workers = min(workers, len(cpus))  # 0 when the devices hold every core
         return LocalBuilder(
             target=self.target,
             workers=workers,
@@ -220,6 +222,7 @@ class Pool:
             cpus=cpus,
             timeout_s=timeout_s,
             threads=self.threads,
+            idle_cpus=tuple(sorted(pinned)),
         )
 
     def describe(self) -> str:

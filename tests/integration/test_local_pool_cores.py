@@ -17,6 +17,7 @@ from compiler.graph.ir import Graph
 from compiler.ops.base import PARALLEL_KNOB
 from tuner import records as rec
 from tuner.loop import target_name
+from tuner.measure.builder import LocalBuilder
 from tuner.measure.local_pool import LocalPool
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -66,6 +67,12 @@ def test_a_local_device_on_two_cores_tunes_for_two_threads(tmp_path: Path) -> No
         assert pool.local is not None and pool.devices == 1
         assert pool.device_tags.get("threads") == "2" and pool.thread_counts == (2,)
         assert pool.threads == 2 and pool.records_target.endswith("/threads=2")
+        # the device holds both cores: builds run there only at idle priority
+        builder = pool.builder()
+        try:
+            assert isinstance(builder, LocalBuilder) and builder.idle_workers == 2
+        finally:
+            builder.close()
         progress = kiln.tune_op(pool, "softmax", (67, 130), trials=4, records=records)
         # a build for its two threads runs there; a one-thread build is refused, not run
         two = kiln.build(graph, records, threads=2)
