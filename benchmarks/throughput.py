@@ -3,7 +3,7 @@ one candidate costs at each step.
 
     .venv/bin/python benchmarks/throughput.py [--trials 64] [--batch 8] [--samples 16]
         [--templates dense,conv2d_winograd_nchwc,...] [--costs-only] [--evaluator default|light]
-        [--network-trials 0]
+        [--network-trials 0] [--rounds 2]
 
 Loop: `tune()` (XGBoost-guided search, pipelined: builds stream into measurement as they finish,
 on-device check on, records appended to a JSON-lines file) of dense 256 and a ResNet-18 conv
@@ -13,7 +13,10 @@ real tracker, leases, uploads, native timing with the CLI's defaults: 3 repeats 
 but leaves the loop's pace to the builds; the tuner's own defaults are not changed). Once with
 `LocalBuilder` (build processes = the cores this process may use, 4 candidates per unit) and
 once with `DaskBuilder` on a `distributed.LocalCluster` of as many worker processes (one
-thread each) on 127.0.0.1; which goes first alternates by workload. Every run builds into an
+thread each) on 127.0.0.1, `--rounds` times each, which goes first alternating by round and
+workload (local, dask, dask, local, ...): this VM has spells of minutes where a core does a third
+less (a candidate's build core-seconds read 0.125-0.199 for the same local runs), so a figure is
+the median over rounds, and dask / local the median of the ratio within each round. Every run builds into an
 empty compile cache, and its workers are warmed (imports) before the clock.
 Both build for this machine's target class (what a Dask builder resolves "host" to).
 candidates/s = trials / wall time of `tune()`; build core-s = the CPU seconds (user + system) the
@@ -39,7 +42,8 @@ the loop times it.
 Ends with one line (the loop figures are dense 256's, nan with `--costs-only`; lower_p95_s /
 compile_p95_s the worst template's):
     throughput: candidates_per_s_local=<x> candidates_per_s_dask=<x> lower_p95_s=<s> compile_p95_s=<s>
-        build_core_s_local=<s>   (on the same line: core-seconds per candidate, local builder)
+        build_core_s_local=<s> dask_over_local=<x>   (on the same line: core-seconds per
+        candidate, local builder; the median within-round ratio of dask's candidates/s to local's)
 """
 
 from __future__ import annotations
@@ -369,6 +373,9 @@ def main() -> None:
     )
     parser.add_argument("--costs-only", action="store_true", help="skip the loop runs")
     parser.add_argument(
+        "--rounds", type=int, default=2, help="loop runs of each builder per case (alternating)"
+    )
+    parser.add_argument(
         "--evaluator",
         choices=sorted(EVALUATORS),
         default="default",
@@ -403,7 +410,8 @@ def main() -> None:
         print_costs(costs, args.samples)
         print(
             f"throughput: candidates_per_s_local=nan candidates_per_s_dask=nan "
-            f"lower_p95_s={lower_p95:.3f} compile_p95_s={compile_p95:.3f} build_core_s_local=nan"
+            f"lower_p95_s={lower_p95:.3f} compile_p95_s={compile_p95:.3f} build_core_s_local=nan "
+            "dask_over_local=nan"
         )
         return
 
@@ -414,8 +422,9 @@ def main() -> None:
         upload_s, measure_s = upload_and_measure(dense_arts, config, evaluator)
         builders = [("local", local_builder), ("dask", dask_builder)]
         for n, (case, workload) in enumerate(LOOP_CASES):
-            for name, make in builders if n % 2 == 0 else builders[::-1]:
-                runs.append(loop_run(name, make, case, workload, config, args, target))
+            for round_ in range(args.rounds):
+                for name, make in builders if (n + round_) % 2 == 0 else builders[::-1]:
+                    runs.append(loop_run(name, make, case, workload, config, args, target))
         network: dict[bool, list[tuple[int, float]]] = {False: [], True: []}
         for pipeline in (False, True, True, False) if args.network_trials > 0 else ():
             network[pipeline].append(network_run(pipeline, config, args, target))
@@ -449,11 +458,23 @@ def main() -> None:
             f"network: resnet18@56 candidates_per_s_whole_batch={whole:.2f} "
             f"candidates_per_s_streamed={streamed:.2f}"
         )
-    dense = {r.builder: r for r in runs if r.case == LOOP_CASES[0][0]}
+    dense = [r for r in runs if r.case == LOOP_CASES[0][0]]
+    local = [r for r in dense if r.builder == "local"]
+    dask = [r for r in dense if r.builder == "dask"]
+    # each round ran the two back to back: their ratio within a round is what the host's
+    # slow and fast spells (minutes apart on this VM) leave alone
+    ratio = statistics.median(d.per_s / b.per_s for b, d in zip(local, dask, strict=True))
     print(
-        f"throughput: candidates_per_s_local={dense['local'].per_s:.1f} "
-        f"candidates_per_s_dask={dense['dask'].per_s:.1f} lower_p95_s={lower_p95:.3f} "
-        f"compile_p95_s={compile_p95:.3f} build_core_s_local={dense['local'].build_core_s_per:.3f}"
+        f"dense 256, {args.rounds} rounds: local {' '.join(f'{r.per_s:.1f}' for r in local)}, "
+        f"dask {' '.join(f'{r.per_s:.1f}' for r in dask)} candidates/s; dask / local within "
+        f"a round, median {ratio:.2f}"
+    )
+    print(
+        f"throughput: candidates_per_s_local={statistics.median(r.per_s for r in local):.1f} "
+        f"candidates_per_s_dask={statistics.median(r.per_s for r in dask):.1f} "
+        f"lower_p95_s={lower_p95:.3f} compile_p95_s={compile_p95:.3f} "
+        f"build_core_s_local={statistics.median(r.build_core_s_per for r in local):.3f} "
+        f"dask_over_local={ratio:.2f}"
     )
 
 
