@@ -23,8 +23,8 @@ from compiler.ops.base import OpTemplate, Template
 from compiler.ops.conv2d import Conv2d1x1Template, Conv2dNCHWcTemplate, Conv2dStemTemplate
 from compiler.ops.conv2d_grouped import GroupedConv2d1x1Template
 from compiler.ops.cuda.conv2d import CudaConv2dGemmTemplate, CudaConv2dTemplate
+from compiler.ops.cuda.dense import CudaBatchMatmulTemplate, CudaDenseTemplate
 from compiler.ops.cuda.depthwise import CudaDepthwiseConv2dTemplate
-from compiler.ops.cuda.gemm import CudaBatchMatmulTemplate, CudaDenseTemplate
 from compiler.ops.cuda.injective import CUDA_ELEMENTWISE
 from compiler.ops.cuda.norm import CudaLayerNormTemplate, CudaSoftmaxTemplate
 from compiler.ops.cuda.pool import CudaGlobalAvgPoolTemplate, CudaPool2dTemplate
