@@ -345,7 +345,8 @@ class Bench:
     """The GPU, cuBLAS and loaded modules of one section."""
 
     def __init__(self, repeat_ms: float) -> None:
-        from device_agent.backends.cuda_driver import Cublas, Gpu
+        from device_agent.backends.cublas import Cublas
+        from device_agent.backends.cuda_driver import Gpu
 
         self.gpu = Gpu.open()
         self.blas = Cublas(self.gpu)
