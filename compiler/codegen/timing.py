@@ -20,7 +20,9 @@ same fields (c_int32 x3, c_double x2, c_void_p, c_int64) mirrors it. The entry r
 calls; if min_repeat_ms > 0 it times whole repeats, scaling `number` up (at most 100x a step, at
 most 2**30) until one lasts min_repeat_ms; then for each repeat it sweeps the flush buffer and
 sleeps the cooldown, both outside the timed region, times `number` calls with
-clock_gettime(CLOCK_MONOTONIC) and writes the mean seconds per call to samples_s[r]. It writes the
+clock_gettime(CLOCK_MONOTONIC) and writes the mean seconds per call to samples_s[r]. Without a
+flush or a cooldown, the growth's last run (the final `number` calls, timed alike) is the first
+repeat's sample: with 3 repeats of at least 20 ms that is a quarter of a measurement's time. It writes the
 final `number` to *number_used (if not NULL). It returns 0, -1 for a NULL cfg (or NULL samples_s
 with repeat > 0), or the first nonzero code a kernel call returned.
 
@@ -136,7 +138,14 @@ __attribute__((visibility("hidden"))) int32_t HARNESS_SYMBOL(
     }
   }
   if (number_used != NULL) *number_used = (int32_t)number;
-  for (int32_t r = 0; r < cfg->repeat; ++r) {
+  int32_t first = 0;
+  if (cfg->min_repeat_ms > 0.0 && cfg->repeat > 0 && cfg->cooldown_ms <= 0.0 &&
+      (cfg->flush_buf == NULL || cfg->flush_bytes <= 0)) {
+    /* The growth's last run timed `number` calls as a repeat would: it is the first sample. */
+    samples_s[0] = elapsed_s / (double)number;
+    first = 1;
+  }
+  for (int32_t r = first; r < cfg->repeat; ++r) {
     if (cfg->flush_buf != NULL && cfg->flush_bytes > 0) {
       kiln_timing_flush(cfg->flush_buf, cfg->flush_bytes);
     }

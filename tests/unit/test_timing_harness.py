@@ -14,8 +14,9 @@ import pytest
 
 from compiler import te, toolchain
 from compiler.build import Kernel, build_many, build_source_many
-from compiler.codegen.timing import HARNESS_SOURCE, HARNESS_SYMBOL
+from compiler.codegen.timing import HARNESS_SOURCE, HARNESS_SYMBOL, render_timing
 from compiler.schedule.schedule import create_schedule
+from device_agent import abi
 from device_agent.backends.cpu import CpuBackend
 from device_agent.domain import EntryPoint, EvaluatorConfig
 from tuner.records import Workload
@@ -125,3 +126,54 @@ def test_gccs_skipped_loop_passes_leave_dense_candidates_code_unchanged() -> Non
     plain = [f for f in flags if f not in toolchain._GCC_ONLY_FLAGS]
     assert len(kernels) == 3
     assert _kernel_assembly(source, flags) == _kernel_assembly(source, plain)
+
+
+COUNTING = """#define _POSIX_C_SOURCE 199309L
+#include <stdint.h>
+#include <time.h>
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+/* args[0]: an int64 counter; each call counts itself and spins for 1 ms */
+int32_t counting(void **args) {
+  ++*(int64_t *)args[0];
+  double end = now_s() + 1e-3;
+  while (now_s() < end) {
+  }
+  return 0;
+}
+""" + render_timing(["counting"])
+
+
+@pytest.mark.parametrize(
+    ("cooldown_ms", "flush", "calls"),
+    [(0.0, False, 2 + 1 + 3), (0.1, False, 2 + 1 + 4), (0.0, True, 2 + 1 + 4)],
+)
+def test_the_growths_last_run_is_the_first_sample_unless_a_repeat_has_a_flush_or_cooldown(
+    cooldown_ms: float, flush: bool, calls: int
+) -> None:
+    """1 ms calls and min_repeat_ms 0.5: one call already lasts long enough, so the growth stops
+    at its first run of one call; that run is the first of 4 samples when nothing precedes a
+    repeat, and is measured again otherwise (2 warm-up calls first either way)."""
+    lib = ctypes.CDLL(str(toolchain.compile_shared(COUNTING).path))
+    entry = lib["counting__time"]
+    entry.restype = ctypes.c_int32
+    count = ctypes.c_int64(0)
+    args = (ctypes.c_void_p * 1)(ctypes.addressof(count))
+    buf = ctypes.create_string_buffer(4096)
+    cfg = abi.TimingConfigC(
+        warmup=2,
+        number=1,
+        repeat=4,
+        min_repeat_ms=0.5,
+        cooldown_ms=cooldown_ms,
+        flush_buf=ctypes.addressof(buf) if flush else None,
+        flush_bytes=4096 if flush else 0,
+    )
+    samples = (ctypes.c_double * 4)()
+    used = ctypes.c_int32(0)
+    assert entry(args, ctypes.byref(cfg), samples, ctypes.byref(used)) == 0
+    assert used.value == 1 and count.value == calls
+    assert all(0.9e-3 < s < 50e-3 for s in samples)
