@@ -41,7 +41,7 @@ def test_a_device_core_gets_one_more_worker_at_idle_priority(tmp_path: Path) -> 
         busy = [builder._pool.submit(time.sleep, 0.5) for _ in range(2)]  # both workers start
         for f in busy:
             f.result(timeout=60)
-        pids = list(builder._pool._processes)  # type: ignore[attr-defined]
+        pids = list(builder._pool._processes)
         placement = sorted(
             (os.sched_getscheduler(pid), tuple(os.sched_getaffinity(pid))) for pid in pids
         )
