@@ -30,7 +30,8 @@ class TuneOptions:
         pipeline: build the next batch while this one is measured (the searcher then proposes
             one batch of results behind). Off by default: builds running beside measurements on
             the same cores disturb them, so turn it on where the devices have cores of their own
-            (`kiln.Pool(pin_cores=...)`, a remote pool); the CLI does, pinning local devices.
+            (`kiln.Pool(pin_cores=...)`, a remote pool); the CLI does, pinning local devices
+            (`Pool.builder` then also builds on their cores, at idle priority).
             Network tuning: each batch's candidates are measured as their builds finish, and
             the batch the task scheduler expects next is built while this one is measured.
         check: compare every candidate's outputs with a reference kernel on the device; a

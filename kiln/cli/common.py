@@ -241,7 +241,8 @@ def add_tuning_args(p: argparse.ArgumentParser, early_stop_default: int | None =
         action=argparse.BooleanOptionalAction,
         default=True,
         help="build the next batch while this one is measured (default: on; a local pool's "
-        "devices then get cores of their own and the builds the others)",
+        "devices then get cores of their own and the builds the others, and the devices' "
+        "cores too at idle priority)",
     )
     add_measure_args(p)
 
