@@ -245,6 +245,33 @@ def split(times: list[KernelTime], whole_s: float) -> list[tuple[str, float]]:
     return out
 
 
+def kernel_seconds_in_model(native: NativeModel, plan: ModelPlan, rounds: int = 20) -> list[float]:
+    """Each kernel's median seconds when the kernels run one after another in the entry's order,
+    on the model's buffers, as `kiln_model_run` calls them: with the caches each leaves the next
+    (weights and activations cold, as in the model), where `kernel_seconds` times a kernel again
+    and again on warm ones. Called from Python (about a microsecond a call more than the entry),
+    `rounds` runs of the sequence after one that warms up; one figure per step of `plan`.
+
+    Raises:
+        RuntimeError: a kernel returned an error code.
+    """
+    calls = [
+        (abi.bind_entry(native.lib, s.kernel.symbol), native.step_args(plan, s)) for s in plan.steps
+    ]
+    samples: list[list[float]] = [[] for _ in calls]
+    clock = time.perf_counter
+    for round_ in range(rounds + 1):
+        for i, (fn, args) in enumerate(calls):
+            t0 = clock()
+            rc = fn(args)
+            t1 = clock()
+            if rc != 0:
+                raise RuntimeError(f"{plan.steps[i].kernel.symbol} returned {rc}")
+            if round_:
+                samples[i].append(t1 - t0)
+    return [statistics.median(x) for x in samples]
+
+
 def profile(name: str, graph: Graph, b: Build, top: int) -> None:
     """Print the `top` slowest kernels of a build, timed one by one, and time by anchor op."""
     assert b.native is not None  # timed first
@@ -269,6 +296,20 @@ def profile(name: str, graph: Graph, b: Build, top: int) -> None:
         print(f"  where the whole model's {whole * 1e3:.2f} ms go:")
         for part, seconds in split(times, whole):
             print(f"    {part:<32} {seconds * 1e3:8.3f} ms {seconds / whole:7.1%}")
+    in_model = kernel_seconds_in_model(b.native, plan_model(graph, b.configs))
+    total_in = sum(in_model)
+    print(
+        f"  in the model's order (each kernel after the one before): sum {total_in * 1e3:.2f} ms "
+        f"against {total * 1e3:.2f} alone; the kernels losing most:"
+    )
+    print(f"  {'kernel':<16} {'role':<6} {'alone ms':>9} {'in model':>9} {'lost ms':>8}  group ops")
+    lost = sorted(zip(times, in_model, strict=True), key=lambda p: p[0].seconds - p[1])
+    for t, s_in in lost[:top]:
+        ops = t.ops if len(t.ops) <= 50 else t.ops[:47] + "..."
+        print(
+            f"  {t.symbol:<16} {t.role:<6} {t.seconds * 1e3:9.3f} {s_in * 1e3:9.3f} "
+            f"{(s_in - t.seconds) * 1e3:8.3f}  {ops}"
+        )
 
 
 def _ms(value: float | None) -> str:

@@ -80,7 +80,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     common.add_cores_arg(p)
     common.add_security_args(p)
-    common.add_tuning_args(p)
+    common.add_tuning_args(p, caches=True)
     p.set_defaults(func=cmd_demo, trials=None, confirm=DEMO_CONFIRM, tracker="", key="", tag=[])
     for action in p._actions:  # the defaults that depend on --sgemm, said in the help
         if action.dest == "trials":

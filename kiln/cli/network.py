@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     t.add_argument("model", help="the .onnx file")
     common.add_input_shape_arg(t)
     common.add_pool_args(t)
-    common.add_tuning_args(t, early_stop_default=NETWORK_EARLY_STOP)
+    common.add_tuning_args(t, early_stop_default=NETWORK_EARLY_STOP, caches=True)
     t.set_defaults(func=cmd_tune)
 
     b = sub.add_parser("build", help="compile an ONNX model with the best configs of --records")
@@ -223,7 +223,8 @@ def tune_network_from_args(
     stack.callback(builder.close)
     try:
         # closed on return: it keeps its leases between batches, and the demo runs the build next
-        with closing(pool.runner(common.evaluator(args))) as runner:
+        timing = common.evaluator(args, cold_ok=cpu_measured(pool))
+        with closing(pool.runner(timing)) as runner:
             result = tune_network(graph, builder, runner, options, store=store, on_batch=_progress)
     except KeyboardInterrupt:
         if store is not None:
@@ -234,6 +235,16 @@ def tune_network_from_args(
             )
         raise
     return result, pool
+
+
+def cpu_measured(pool: Pool) -> bool:
+    """Whether `pool`'s devices time kernels natively on a CPU, where `--caches cold` applies (a
+    GPU flushes its own L2, an accelerator simulator counts cycles, and an emulated device
+    would sweep the caches at the emulator's pace)."""
+    from compiler.build_cuda import is_cuda_target
+    from tuner.measure.device_target import is_vta_target
+
+    return not (is_cuda_target(pool.target) or is_vta_target(pool.target) or pool.emulated)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from kiln_cli import kiln
 from onnx import TensorProto, helper, numpy_helper
 
 from compiler.graph.build_model import ModelArtifact
+from kiln.cli.common import COLD_REPEAT
 from tuner import records as rec
 
 SMALL = ("--min-repeat-ms", "1", "--repeat", "2", "--build-workers", "1")
@@ -77,14 +78,20 @@ def test_tune_a_model_then_build_it_from_the_records(tmp_path: Path) -> None:
         assert f"| {op}(" in out.stdout, out.stdout
     assert "estimated latency:" in out.stdout and "after 8 trials" in out.stdout
 
+    # without measurement flags: each candidate timed as `--caches cold` has it, one call after
+    # a sweep that evicts the caches, COLD_REPEAT times
     again = kiln(
         "tune", str(model), *shape, "--trials", "16", "--batch", "4", "--resume",
-        "--records", str(records), *SMALL,
+        "--records", str(records), "--build-workers", "1",
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "resumed)" in again.stdout
     again_every = [r for r in rec.load(records) if not r.confirmation]
     assert again_every[:8] == loaded and len(again_every) == 16
+    cold = [r.result for r in again_every[8:] if r.result.ok]
+    # (a noisy result is measured once more, its samples added: a multiple of COLD_REPEAT)
+    assert cold and all(r.number_used == 1 and len(r.samples_s) % COLD_REPEAT == 0 for r in cold)
+    assert all(r.result.number_used > 1 for r in loaded if r.result.ok)  # warm: calls grown
     # none measured twice as a trial
     assert len({(r.workload, r.config_index) for r in again_every}) == len(again_every)
 
