@@ -250,19 +250,23 @@ def add_tuning_args(
     add_measure_args(p, caches=caches)
 
 
-# Warm timing: repeats of calls on warm caches. Cold (`--caches cold`, what a kernel inside a
-# model meets: its weights and input come from memory): every repeat is one call after a sweep
-# that evicts the caches, twice this machine class's 32 MiB last-level cache. ResNet-18's
-# kernels alone summed 8.4 ms warm against 12.1 ms called in the model's order; 128 trials timed
-# cold picked configs that ran the model 2-4% faster (12.39-12.50 ms against 12.67-12.91, the
-# same candidates), and estimated it at 11.2 ms where warm timing said 7.7.
+# Warm timing: repeats of calls on warm caches. Cold (what a kernel inside a model meets when the
+# model's weights do not fit the caches: its weights come from memory): every repeat is one call
+# after a sweep that evicts the caches, twice this machine class's 32 MiB last-level cache.
+# ResNet-18 (46 MB of weights): its kernels summed 8.4 ms warm against 12.1 ms called in the
+# model's order; records timed cold ran it 4% faster on one thread and 10% on two (400 trials
+# each, 1.43 / 1.41x onnxruntime against 1.37 / 1.27), and estimated it at 11 ms where warm
+# timing said 7.7. MobileNetV2 (14 MB, cache-resident in the model): records timed cold ran it
+# 8-18% slower on two threads. So `--caches auto` (the default) times cold only a model whose
+# parameters exceed AUTO_COLD_PARAM_BYTES.
 WARM_REPEAT, WARM_MIN_REPEAT_MS = 3, 20.0
 COLD_REPEAT, COLD_FLUSH_BYTES = 10, 64 * 2**20
+AUTO_COLD_PARAM_BYTES = 32 * 2**20
 
 
 def add_measure_args(p: argparse.ArgumentParser, caches: bool = False) -> None:
     m = p.add_argument_group("measurement")
-    cold = " with --caches warm" if caches else ""
+    cold = " when timing warm" if caches else ""
     m.add_argument(
         "--repeat",
         type=int,
@@ -293,11 +297,12 @@ def add_measure_args(p: argparse.ArgumentParser, caches: bool = False) -> None:
     if caches:
         m.add_argument(
             "--caches",
-            choices=("cold", "warm"),
-            default="cold",
-            help="cold (default on a CPU): each repeat is one call after a sweep that evicts the "
-            "caches, as each kernel runs inside the model; warm: repeats of many calls on warm "
-            "caches, what a kernel called in a loop gets (GPUs, accelerators and emulated "
+            choices=("auto", "cold", "warm"),
+            default="auto",
+            help="cold: each repeat is one call after a sweep that evicts the caches, as each "
+            "kernel of a model too big for them runs; warm: repeats of many calls on warm "
+            f"caches; auto (default): cold where the model's parameters exceed "
+            f"{AUTO_COLD_PARAM_BYTES >> 20} MiB, else warm (GPUs, accelerators and emulated "
             "devices always time warm)",
         )
 
@@ -368,13 +373,19 @@ def check_target_name(target: str | None) -> None:
             raise CliError.usage(f"--target: {exc}") from None
 
 
-def evaluator(args: argparse.Namespace, cold_ok: bool = False) -> EvaluatorConfig:
+def times_cold(args: argparse.Namespace, cpu: bool, param_bytes: int) -> bool:
+    """Whether `--caches` asks for cold timing on these devices (`cpu`: timed natively on a
+    CPU) for a model of `param_bytes` of parameters."""
+    caches = getattr(args, "caches", "warm")
+    return cpu and (caches == "cold" or (caches == "auto" and param_bytes > AUTO_COLD_PARAM_BYTES))
+
+
+def evaluator(args: argparse.Namespace, cold: bool = False) -> EvaluatorConfig:
     """The timing of the measurement flags a command has (EvaluatorConfig's defaults for the
-    rest): cold (`--caches cold`) where `cold_ok` (a CPU device, not emulated), else warm; a flag
-    given explicitly wins over either mode's default."""
+    rest): cold (`times_cold`) or warm; a flag given explicitly wins over either mode's
+    default."""
     from tuner.measure.result import EvaluatorConfig
 
-    cold = cold_ok and getattr(args, "caches", "warm") == "cold"
     repeat = args.repeat if args.repeat is not None else COLD_REPEAT if cold else WARM_REPEAT
     if repeat < 1:
         raise CliError.usage(f"--repeat must be >= 1, got {repeat}")

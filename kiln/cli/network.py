@@ -223,7 +223,8 @@ def tune_network_from_args(
     stack.callback(builder.close)
     try:
         # closed on return: it keeps its leases between batches, and the demo runs the build next
-        timing = common.evaluator(args, cold_ok=cpu_measured(pool))
+        param_bytes = sum(int(c.nbytes) for c in graph.constants.values())
+        timing = common.evaluator(args, common.times_cold(args, cpu_measured(pool), param_bytes))
         with closing(pool.runner(timing)) as runner:
             result = tune_network(graph, builder, runner, options, store=store, on_batch=_progress)
     except KeyboardInterrupt:
@@ -238,7 +239,7 @@ def tune_network_from_args(
 
 
 def cpu_measured(pool: Pool) -> bool:
-    """Whether `pool`'s devices time kernels natively on a CPU, where `--caches cold` applies (a
+    """Whether `pool`'s devices time kernels natively on a CPU, where cold timing applies (a
     GPU flushes its own L2, an accelerator simulator counts cycles, and an emulated device
     would sweep the caches at the emulator's pace)."""
     from compiler.build_cuda import is_cuda_target

@@ -84,31 +84,38 @@ def test_the_cli_runs_numpys_blas_on_one_thread_unless_told_otherwise() -> None:
     assert out.stdout.split()[0] == "4"
 
 
-def test_model_tuning_times_cold_on_a_cpu_and_explicit_flags_win() -> None:
+def test_model_tuning_times_cold_where_the_weights_outgrow_the_caches() -> None:
     """`kiln tune` and `kiln demo` time each candidate as one call after a sweep that evicts the
-    caches (as inside the model); `tune-op`, `--caches warm` and devices other than a CPU's
-    time warm; a measurement flag given explicitly wins over either mode."""
+    caches (as inside the model) where the model's parameters exceed the cache size, on a CPU;
+    `--caches cold|warm` decides outright; `tune-op` and devices other than a CPU's time warm;
+    a measurement flag given explicitly wins over either mode."""
     from kiln.cli.common import (
+        AUTO_COLD_PARAM_BYTES,
         COLD_FLUSH_BYTES,
         COLD_REPEAT,
         WARM_MIN_REPEAT_MS,
         WARM_REPEAT,
         evaluator,
+        times_cold,
     )
 
     parser = cli.build_parser()
+    big, small = AUTO_COLD_PARAM_BYTES + 1, AUTO_COLD_PARAM_BYTES  # ResNet-18 46 MB; MobileNetV2 14
 
-    def timing(argv: list[str], cold_ok: bool = True) -> tuple[int, float, int]:
-        e = evaluator(parser.parse_args(argv), cold_ok=cold_ok)
+    def timing(argv: list[str], param_bytes: int = big, cpu: bool = True) -> tuple[int, float, int]:
+        args = parser.parse_args(argv)
+        e = evaluator(args, times_cold(args, cpu, param_bytes))
         return e.repeat, e.min_repeat_ms, e.flush_cache_bytes
 
     cold = (COLD_REPEAT, 0.0, COLD_FLUSH_BYTES)
     warm = (WARM_REPEAT, WARM_MIN_REPEAT_MS, 0)
-    assert COLD_FLUSH_BYTES >= 2 * 32 * 2**20  # twice this machine class's last-level cache
+    assert COLD_FLUSH_BYTES >= 2 * AUTO_COLD_PARAM_BYTES == 2 * 32 * 2**20
     assert timing(["tune", "m.onnx"]) == cold
     assert timing(["demo"]) == cold
-    assert timing(["tune", "m.onnx"], cold_ok=False) == warm  # a GPU, a simulator, an emulator
+    assert timing(["tune", "m.onnx"], small) == warm
+    assert timing(["tune", "m.onnx", "--caches", "cold"], small) == cold
     assert timing(["tune", "m.onnx", "--caches", "warm"]) == warm
+    assert timing(["tune", "m.onnx", "--caches", "cold"], cpu=False) == warm  # GPU, sim, emulator
     assert timing(["tune-op", "dense", "--shape", "8,8,8"]) == warm
     assert timing(["tune", "m.onnx", "--repeat", "4", "--flush-cache-bytes", "4096"]) == (
         4,
