@@ -12,7 +12,8 @@ rounds, each a loop of at least `--min-round-s`; a time is the median of its rou
 is `tuner.network.timing.versus_onnxruntime`, the path `kiln demo` times with: on one core
 (`--core`, default the last; the session is created there), and every BLAS / OpenMP pool has
 one thread. Ratio = onnxruntime time / our time (> 1: ours is faster). Workspace: the planned bytes against the plan's lower bound (the
-most bytes live at any one step). `--profile` adds each model's kernels timed one by one.
+most bytes live at any one step). `--profile` adds each model's kernels timed one by one, alone
+(warm caches) and one after another in the model's order (the caches the kernel before leaves).
 
     python benchmarks/models.py [--models resnet18,mobilenet_v2,bert_tiny] [--image 224]
         [--seq 128] [--records tune.jsonl] [--rounds 5] [--min-round-s 0.2] [--profile]
