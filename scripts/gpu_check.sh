@@ -159,20 +159,28 @@ gpu_tests() {
   return $rc
 }
 
+# wait_for PID FILE PATTERN: until FILE holds a line matching PATTERN (grep -E), at most 30 s,
+# or until PID exits; true when the line came
+wait_for() {
+  local i
+  for i in $(seq 150); do
+    grep -qE "$3" "$2" 2>/dev/null && return 0
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.2
+  done
+  grep -qE "$3" "$2" 2>/dev/null
+}
+
 # agent_flow [fake]: a tracker, a cuda agent and `kiln tune-op dense` on it, all ended by pid
 agent_flow() {
-  local dir addr tpid apid rc env_=() check=() i
+  local dir addr tpid apid rc env_=() check=()
   dir="$(mktemp -d /tmp/kiln-gpu-flow.XXXXXX)"
   if [ "${1:-}" = fake ]; then env_=(KILN_CUDA_DRIVER=fake); check=(--no-check); fi
   "$PY" -c "from protos.auth import write_secrets; write_secrets('$dir/pool.secrets')" || return 1
   "$PY" -m tracker --listen 127.0.0.1:0 --token-file "$dir/pool.secrets" \
     --ready-file "$dir/tracker.ready" >"$dir/tracker.log" 2>&1 &
   tpid=$!
-  for i in $(seq 150); do
-    { [ -s "$dir/tracker.ready" ] || ! kill -0 "$tpid" 2>/dev/null; } && break
-    sleep 0.2
-  done
-  if [ ! -s "$dir/tracker.ready" ]; then
+  if ! wait_for "$tpid" "$dir/tracker.ready" .; then
     echo "agent flow: the tracker never became ready:"; tail -20 "$dir/tracker.log"
     kill "$tpid" 2>/dev/null; return 1
   fi
@@ -181,18 +189,15 @@ agent_flow() {
     --listen 127.0.0.1:0 --token-file "$dir/pool.secrets" --cache-dir "$dir/cache" \
     --ready-file "$dir/agent.ready" >"$dir/agent.log" 2>&1 &
   apid=$!
-  for i in $(seq 150); do
-    { [ -s "$dir/agent.ready" ] || ! kill -0 "$apid" 2>/dev/null; } && break
-    sleep 0.2
-  done
-  if [ -s "$dir/agent.ready" ]; then
+  # the ready file means serving; the pool sees the device once the agent has registered
+  if wait_for "$apid" "$dir/agent.ready" . && wait_for "$apid" "$dir/agent.log" "registered with tracker"; then
     echo "agent flow: tracker $addr, agent pid $apid ${env_[*]}"
     timeout 120 "$PY" -m kiln tune-op dense --shape 1024,1024,1024 --tracker "$addr" --key gpu \
       --token-file "$dir/pool.secrets" --trials 8 --records "$dir/records.jsonl" "${check[@]}"
     rc=$?
     echo "agent flow: kiln tune-op exit $rc; $(wc -l <"$dir/records.jsonl" 2>/dev/null || echo 0) records"
   else
-    echo "agent flow: the agent never became ready"; rc=1
+    echo "agent flow: the agent never became ready and registered"; rc=1
   fi
   kill "$apid" "$tpid" 2>/dev/null
   wait "$apid" "$tpid" 2>/dev/null
