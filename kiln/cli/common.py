@@ -12,9 +12,10 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiln.cli.errors import CliError
+from protos.evaluator import EvaluatorConfig as _EvaluatorDefaults  # stdlib only: cheap at start
 
 if TYPE_CHECKING:
     from kiln.pool import Pool
@@ -163,7 +164,7 @@ def add_tuning_args(
     p: argparse.ArgumentParser, early_stop_default: int | None = None, caches: bool = False
 ) -> None:
     """Search, budget, records, build and measurement flags of `tune-op`, `tune` and `demo`
-    (`caches`: with `--caches cold|warm`, the model commands')."""
+    (`caches`: with `--caches auto|cold|warm`, the model commands')."""
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=int, default=64, help="trial budget (resumed ones count)")
     s.add_argument("--batch", type=int, default=8, help="candidates built and measured together")
@@ -259,7 +260,7 @@ def add_tuning_args(
 # timing said 7.7. MobileNetV2 (14 MB, cache-resident in the model): records timed cold ran it
 # 8-18% slower on two threads. So `--caches auto` (the default) times cold only a model whose
 # parameters exceed AUTO_COLD_PARAM_BYTES.
-WARM_REPEAT, WARM_MIN_REPEAT_MS = 3, 20.0
+WARM_REPEAT, WARM_MIN_REPEAT_MS = _EvaluatorDefaults.repeat, _EvaluatorDefaults.min_repeat_ms
 COLD_REPEAT, COLD_FLUSH_BYTES = 10, 64 * 2**20
 AUTO_COLD_PARAM_BYTES = 32 * 2**20
 
@@ -389,7 +390,7 @@ def evaluator(args: argparse.Namespace, cold: bool = False) -> EvaluatorConfig:
     repeat = args.repeat if args.repeat is not None else COLD_REPEAT if cold else WARM_REPEAT
     if repeat < 1:
         raise CliError.usage(f"--repeat must be >= 1, got {repeat}")
-    given: dict[str, float] = {}
+    given: dict[str, Any] = {}
     if hasattr(args, "min_repeat_ms"):
         min_repeat_ms = args.min_repeat_ms
         given["min_repeat_ms"] = (
@@ -403,7 +404,7 @@ def evaluator(args: argparse.Namespace, cold: bool = False) -> EvaluatorConfig:
         given["flush_cache_bytes"] = flush
     if hasattr(args, "timeout_s"):
         given["timeout_s"] = args.timeout_s
-    return EvaluatorConfig(repeat=repeat, **given)  # type: ignore[arg-type]
+    return EvaluatorConfig(repeat=repeat, **given)
 
 
 def open_records(spec: str | None, must_exist: bool = False) -> RecordStore | None:
