@@ -40,13 +40,13 @@ other jobs load the machine: what is left is the memory system's.
 together exceed the last-level cache (2048 x 2048: 33.6 MB against this machine's 32 MB L3), an
 ordinary store costs a read of each output line from memory first and evicts the input, so the
 output streams: 0.059-0.099 ms/MP streamed against 0.066-0.107 stored normally (2 threads,
-2026-11-27). Where they fit (1920 x 1080: 16.6 MB), both stay in the cache from call to call,
-while streamed stores go to memory every time: 0.050-0.056 stored normally against
-0.056-0.099 streamed. The spread within each range is the host's: on this VM the memory
-bandwidth a process gets alternates between two levels for seconds at a time (a copy of the
-same bytes reads 0.059 or 0.099 alike), so only the cache-resident case escapes it. The streaming store needs the vector's alignment, so the benchmark's buffers are
-64-byte aligned (`aligned_zeros`; numpy aligns to 16) for every variant; a kernel given other
-addresses stores normally, with the same results.
+2026-11-27). Where they fit (1920 x 1080: 16.6 MB), both stay in the cache from call to call, while
+streamed stores go to memory every time: 0.050-0.056 stored normally against 0.056-0.099 streamed.
+The spread within each range is the host's: on this VM the memory bandwidth a process gets
+alternates between two levels for seconds at a time (a copy of the same bytes reads 0.059 or 0.099
+alike), so only the cache-resident case escapes it. The streaming store needs the vector's
+alignment, so the benchmark's buffers are 64-byte aligned (`aligned_zeros`; numpy aligns to 16) for
+every variant; a kernel given other addresses stores normally, with the same results.
 
 `PLAIN_C` is the same two loops written by hand (the intermediate allocated per call, as the
 paper's clean C++), built with gcc -O3 -march=native and called through ctypes.
@@ -128,8 +128,10 @@ class TunedConfig:
     nontemporal: bool = True
 
 
+@functools.cache
 def last_level_cache_bytes() -> int | None:
-    """The largest data or unified cache of CPU 0 in bytes (Linux sysfs), or None if unknown."""
+    """The largest data or unified cache of CPU 0 in bytes (Linux sysfs, read once), or None if
+    unknown."""
     sizes = []
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
