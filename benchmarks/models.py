@@ -276,7 +276,8 @@ def kernel_seconds_in_model(native: NativeModel, plan: ModelPlan, rounds: int = 
 def profile(name: str, graph: Graph, b: Build, top: int) -> None:
     """Print the `top` slowest kernels of a build, timed one by one, and time by anchor op."""
     assert b.native is not None  # timed first
-    times = kernel_seconds(b.native, plan_model(graph, b.configs))
+    plan = plan_model(graph, b.configs)
+    times = kernel_seconds(b.native, plan)
     total = sum(t.seconds for t in times)
     whole = statistics.median(b.times_s) if b.times_s else float("nan")
     print(
@@ -297,7 +298,7 @@ def profile(name: str, graph: Graph, b: Build, top: int) -> None:
         print(f"  where the whole model's {whole * 1e3:.2f} ms go:")
         for part, seconds in split(times, whole):
             print(f"    {part:<32} {seconds * 1e3:8.3f} ms {seconds / whole:7.1%}")
-    in_model = kernel_seconds_in_model(b.native, plan_model(graph, b.configs))
+    in_model = kernel_seconds_in_model(b.native, plan)
     total_in = sum(in_model)
     print(
         f"  in the model's order (each kernel after the one before): sum {total_in * 1e3:.2f} ms "
