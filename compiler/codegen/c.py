@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from compiler.arith import const_bounds
+from compiler.codegen.bases import BaseBlocks, plain_element, unresolved
 from compiler.codegen.ctypes import C_TYPES, constant_bound
 from compiler.errors import CodegenError
 from compiler.ir import expr as E
@@ -184,6 +185,9 @@ def unit_source(rendered: Sequence[tuple[FunctionWriter, str]], extra: Sequence[
 class FunctionWriter:
     """Renders one PrimFunc; collects the vector types its vectorized loops use."""
 
+    # Accesses of a block that differ by a constant share a base pointer (`codegen.bases`).
+    share_bases = True
+
     def __init__(self, func: PrimFunc, symbol: str, vector_bytes: int = 64) -> None:
         self.func = func
         self.symbol = symbol
@@ -198,6 +202,21 @@ class FunctionWriter:
         self._in_parallel = False
         # register-promoted buffers declared so far: first element of each slot -> chunk width
         self._registers: dict[Buffer, dict[int, int]] = {}
+        self.bases = BaseBlocks(self.name, self.expr, _ctype, lambda n: self.name(E.Var(n)))
+
+    def element(self, buf: Buffer, index: E.Expr, offset: int = 0) -> str:
+        """C for element `index + offset` of memory buffer `buf`."""
+        if not self.share_bases:
+            return plain_element(self.name(buf), self.expr(index), offset)
+        return self.bases.element(buf, index, offset)
+
+    def block(
+        self, render: Callable[[], list[str]], depth: int, var: E.Var | None = None
+    ) -> list[str]:
+        """The lines of `render`, one C block at `depth` (a loop's body when `var` is given)."""
+        if not self.share_bases:
+            return render()
+        return self.bases.block(render, depth, var)
 
     def render(self) -> str:
         lines = [f"int32_t {self.symbol}(void **args) {{"]
@@ -208,7 +227,10 @@ class FunctionWriter:
         if self.stream_stores:
             lines.append("  kiln_stream_fence();")
         lines += ["  return 0;", "}", ""]
-        return "\n".join(lines)
+        text = "\n".join(lines)
+        if unresolved(text):
+            raise CodegenError(f"{self.symbol}: an access was rendered outside every block")
+        return text
 
     def top(self, s: Stmt, depth: int) -> list[str]:
         """The function body: root allocations, then one parallel region if any is needed."""
@@ -240,7 +262,11 @@ class FunctionWriter:
         buf = s.buffer
         ct = _ctype(buf.dtype)
         name = self.name(buf)
-        render = inner if callable(inner) else self.stmt
+        inner_render = inner if callable(inner) else self.stmt
+
+        def render(body: Stmt, depth: int) -> list[str]:
+            return self.block(lambda: inner_render(body, depth), depth)
+
         if buf.registers:
             return [
                 f"{pad}{{",
@@ -347,7 +373,7 @@ class FunctionWriter:
         if isinstance(e, E.Load):
             if self.in_registers(e.buffer):
                 return self.register_element(e.buffer, e.index)
-            return f"{self.name(e.buffer)}[{self.expr(e.index)}]"
+            return self.element(e.buffer, e.index)
         if isinstance(e, E.FloorDiv | E.FloorMod):
             if e.dtype not in ("int32", "int64"):
                 raise CodegenError(f"{type(e).__name__} of {e.dtype} has no C rendering yet")
@@ -379,13 +405,20 @@ class FunctionWriter:
             if self.in_registers(s.buffer):
                 target = self.register_element(s.buffer, s.index)
                 return [f"{pad}{target} = {self.expr(s.value)};"]
-            return [f"{pad}{self.name(s.buffer)}[{self.expr(s.index)}] = {self.expr(s.value)};"]
+            return [f"{pad}{self.element(s.buffer, s.index)} = {self.expr(s.value)};"]
         if isinstance(s, Seq):
             return [line for child in s.stmts for line in self.stmt(child, depth)]
         if isinstance(s, IfThenElse):
-            lines = [f"{pad}if ({self.expr(s.condition)}) {{", *self.stmt(s.then_case, depth + 1)]
-            if s.else_case is not None:
-                lines += [f"{pad}}} else {{", *self.stmt(s.else_case, depth + 1)]
+            then, other = s.then_case, s.else_case
+            lines = [
+                f"{pad}if ({self.expr(s.condition)}) {{",
+                *self.block(lambda: self.stmt(then, depth + 1), depth + 1),
+            ]
+            if other is not None:
+                lines += [
+                    f"{pad}}} else {{",
+                    *self.block(lambda: self.stmt(other, depth + 1), depth + 1),
+                ]
             return [*lines, f"{pad}}}"]
         if isinstance(s, For):
             return self.loop(s, depth)
@@ -475,7 +508,7 @@ class FunctionWriter:
         v = self.name(s.var)
         header = f"{pad}for ({_ctype(s.var.dtype)} {v} = 0; {v} < {self.expr(s.extent)}; ++{v}) {{"
         streams_before = self.stream_stores
-        body = self.stmt(s.body, depth + 1)
+        body = self.block(lambda: self.stmt(s.body, depth + 1), depth + 1, s.var)
         if s.kind is ForKind.PARALLEL and self.stream_stores > streams_before:
             # This thread's streaming stores, visible before the region's end lets others read.
             body.append(f"{pad}  kiln_stream_fence();")

@@ -126,6 +126,8 @@ class _Fragments:
 
 
 class _CudaWriter(FunctionWriter):
+    share_bases = False  # plain indices: the CUDA path is checked only where a GPU is lent
+
     def __init__(self, func: PrimFunc, symbol: str, dims: dict[str, int]) -> None:
         super().__init__(func, symbol)
         self.dims = dims

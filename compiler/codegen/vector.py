@@ -176,7 +176,7 @@ def render_vector_loop(w: FunctionWriter, loop: For, depth: int) -> list[str] | 
         f"{pad}}} else {{",
         f"{pad}  #pragma GCC ivdep",
         f"{pad}  for (int32_t {v} = 0; {v} < {w.expr(loop.extent)}; ++{v}) {{",
-        *w.stmt(store, depth + 2),
+        *w.block(lambda: w.stmt(store, depth + 2), depth + 2, loop.var),
         f"{pad}  }}",
         f"{pad}}}",
     ]
@@ -228,10 +228,7 @@ class _Chunk:
             if w.register_width(buf, start) != self.width:
                 return None
             return w.register_name(buf, start + self.offset)
-        index = w.expr(rest)
-        return (
-            f"{w.name(buf)}[{index} + {self.offset}]" if self.offset else f"{w.name(buf)}[{index}]"
-        )
+        return w.element(buf, rest, self.offset)
 
 
 def _vector_expr(w: FunctionWriter, e: E.Expr, chunk: _Chunk) -> tuple[str, bool] | None:
