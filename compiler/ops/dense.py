@@ -5,8 +5,8 @@ Workload (M, N, K), float32. The schedule is a register tile of `mr` rows of A t
 panel of `nr` columns (nr/16 vectors): the accumulators are a `cache_write` "local" tile placed
 (compute_at) inside the row-tile loop, which gcc keeps in mr x nr/16 vector registers; per k the
 micro-kernel broadcasts one value of A per row and reads nr/16 contiguous vectors of B. Row
-tiles are grouped in blocks of `m_tiles` (BLIS' MC) so a block of A stays in L2 while every
-panel of B passes over it.
+tiles are grouped in blocks of about `m_tiles` (BLIS' MC; `block_tiles` picks a count that
+divides the full tiles) so a block of A stays in L2 while every panel of B passes over it.
 When nr divides N the output is declared [M][N/nr][nr], the same bytes as [M][N], so packed
 columns index it without division; otherwise it is [M][N] and the panel index is n // nr.
 With `pack_a` each block of A is first copied into [row tile][k][mr] (BLIS' packed A), so the
@@ -54,6 +54,23 @@ _KC = (64, 128, 256, 512)
 _ORDERS = ("panel", "row")
 # The `parallel` knob's choices on more than one thread (see the module doc).
 _PARALLEL = (NO_PARALLEL, "outer", "fused")
+
+
+def block_tiles(m: int, mr: int, m_tiles: int) -> int:
+    """Row tiles per block for the `m_tiles` knob: the divisor of the count of full row tiles
+    nearest to it (the smaller of two as near), or `m_tiles` when one block holds them all.
+
+    Blocks that divide the full tiles leave M's partial tile (M % mr rows) alone in a block
+    of its own. A block count that does not divide them (21 full tiles of 12 rows at M = 256,
+    in blocks of 8) made the loop partition emit the whole micro-kernel twice, for the full
+    blocks and again for the last block's full tiles: a quarter of the candidate's C, compiled
+    for nothing.
+    """
+    full = m // mr
+    if not m_tiles or full <= m_tiles:
+        return m_tiles
+    divisors = [d for d in range(1, full + 1) if full % d == 0]
+    return min(divisors, key=lambda d: (abs(d - m_tiles), d))
 
 
 def _nr_choices(n: int) -> tuple[int, ...]:
@@ -193,7 +210,7 @@ class DenseTemplate(OpTemplate):
             i, j = st.axis
             jo, ji = st.split(j, nr)
         io, ii = st.split(i, mr)
-        tiles = int(config["m_tiles"])
+        tiles = block_tiles(shape[0], mr, int(config["m_tiles"]))
         outer: list[IterVar] = list(st.reduce_axis)
         if tiles:
             ib, it = st.split(io, tiles)

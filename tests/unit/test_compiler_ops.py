@@ -26,6 +26,7 @@ from compiler.ops.base import (
     register_file,
     threaded_space,
 )
+from compiler.ops.dense import block_tiles
 from compiler.ops.space import Config
 from compiler.te.tensor import ComputeOp
 
@@ -589,3 +590,32 @@ def test_dense_parallel_loop_sits_inside_the_k_block_reduction() -> None:
         loops = _parallel_loops(lower(sch, args, "f").body)
         inside = [outer for _, outer in loops if "ko" in outer]
         assert inside, f"{parallel}: no parallel loop inside the k-block loop: {loops}"
+
+
+def test_dense_row_blocks_divide_the_full_tiles_so_the_micro_kernel_is_emitted_once() -> None:
+    """256 rows in tiles of 12: 21 full tiles and one of 4 rows. Blocks of 8 (3 blocks, the last
+    short) made the partition emit the register tile's code twice; blocks of the nearest
+    divisor (7) leave the 4-row tile alone in the last block."""
+    assert block_tiles(256, 12, 8) == 7
+    assert block_tiles(256, 5, 16) == 17  # 51 = 3 x 17: the nearest divisor may be larger
+    assert block_tiles(256, 6, 2) == 2 and block_tiles(256, 12, 32) == 32  # 32 >= 21: one block
+    assert block_tiles(256, 12, 0) == 0
+    dense, shape = template("dense"), (256, 64, 64)
+    space = dense.config_space(shape)
+
+    def source(m_tiles: int) -> str:
+        knobs = {"nr": 32, "mr": 12, "m_tiles": m_tiles, "kc": 64, "unroll_k": 2}
+        config = space.get(space.index_of({**knobs, "order": "row", "pack_a": False}))
+        sch, args = dense.instantiate(shape, config)
+        return render_c([(lower(sch, args, "f"), "f")])
+
+    # one block of every tile and blocks of 8 tiles: the same code but for the block loop
+    assert len(source(8)) < 1.1 * len(source(0))
+    cases = [
+        (shape, space.get(space.index_of({"nr": 32, "mr": mr, "m_tiles": tiles, "kc": 64,
+                                          "unroll_k": 2, "order": order, "pack_a": pack})))
+        for mr, tiles, order, pack in ((12, 8, "row", False), (5, 16, "panel", True),
+                                       (7, 4, "row", True), (3, 64, "panel", False))
+    ]  # fmt: skip
+    for (_, config), (ours, ref) in zip(cases, run_built(dense, cases), strict=True):
+        check_close(ours, ref, f"dense {shape} {dict(config)}", shape[2])
