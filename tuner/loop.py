@@ -122,10 +122,18 @@ class TuneProgress:
         return self.wall_s / self.new_trials * max(0, self.total - self.trials)
 
     def add(self, batch: Sequence[rec.Record]) -> None:
-        """Take a batch of records into the history, moving the best if one of them beats it."""
+        """Take a batch of records into the history, moving the best if one of them beats it.
+
+        A time of the other timing mode than the best's (`MeasureResult.cold`: a run resumed
+        with other `--caches`) is not compared with it: the newer mode takes over, as in
+        `records.best`."""
         for r in batch:
             self.history.append(r)
-            if r.result.ok and (self.best is None or r.result.median_s < self.best.result.median_s):
+            if r.result.ok and (
+                self.best is None
+                or r.result.cold != self.best.result.cold
+                or r.result.median_s < self.best.result.median_s
+            ):
                 self.best = r
                 self.best_at = len(self.history)
 

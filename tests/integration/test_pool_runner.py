@@ -56,6 +56,22 @@ def test_measures_a_compiled_matmul_and_uploads_it_once(pool: LocalPool) -> None
     assert stored, f"artifact not in agent cache {sorted(cache.rglob('*'))}"
 
 
+def test_a_runner_that_sweeps_the_caches_marks_its_results_cold(pool: LocalPool) -> None:
+    """Records keep the mark (`result.caches`), so a cold time is never compared with a warm one."""
+    built = build_one(Workload("matmul", (48, 40, 24)), 0, "host")
+    assert built.artifact is not None, built.error
+    config = PoolConfig(tracker=pool.tracker_address, key=pool.key, token=pool.client_token)
+    cold = EvaluatorConfig(repeat=2, min_repeat_ms=1.0, timeout_s=10.0, flush_cache_bytes=1 << 20)
+    for evaluator, want in ((FAST, False), (cold, True)):
+        runner = PoolRunner(config, evaluator)
+        try:
+            [result] = runner.run([built.artifact])
+        finally:
+            runner.close()
+        assert result.status is Status.OK, result.error
+        assert result.cold is want
+
+
 def test_an_artifact_the_agent_evicted_is_uploaded_again() -> None:
     # The runner asks Has only once per (agent, artifact); later Measures go straight out. Here the
     # agent's cache holds one artifact at a time, so measuring b evicts a, and the third Measure

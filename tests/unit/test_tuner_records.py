@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner import records as rec
+from tuner.loop import TuneProgress
 from tuner.measure import MeasureResult, Status
 
 WL = rec.Workload("matmul", (64, 64, 64))
@@ -85,3 +87,52 @@ def test_best_judges_a_config_measured_twice_by_its_slower_middle() -> None:
     only = rec.best([lucky[0], steady[0]], WL, "x86_64-avx512")
     assert only is not None and only.config_index == 1
     assert rec.settled_time([record(3, s) for s in (0.3, 0.1, 0.2)]).result.median_s == 0.2
+
+
+def _timed(index: int, seconds: float, cold: bool, stamp: str) -> rec.Record:
+    result = MeasureResult(Status.OK, (seconds,), device_id="a/0", number_used=4, cold=cold)
+    return rec.Record(WL, "x86_64-avx512", index, {"tile_m": index}, result, 2 * 64**3, stamp)
+
+
+def test_a_cold_time_round_trips_and_an_unknown_mode_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "r.jsonl"
+    cold, warm = _timed(1, 2e-3, True, rec.now_iso()), _timed(2, 1e-3, False, rec.now_iso())
+    assert cold.to_json()["result"]["caches"] == "cold" and "caches" not in warm.to_json()["result"]
+    rec.append(path, [cold, warm])
+    bad = cold.to_json()
+    bad["result"]["caches"] = "lukewarm"
+    with open(path, "a") as f:
+        f.write(json.dumps(bad) + "\n")
+    with caplog.at_level(logging.WARNING, logger="tuner.records"):
+        assert list(rec.load(path)) == [cold, warm]
+    assert "lukewarm" in "\n".join(caplog.messages)
+
+
+def test_best_never_compares_a_cold_time_with_a_warm_one() -> None:
+    """Warm times are shorter (the weights sit in cache): mixed, the warm config would always
+    win. The newest record's mode decides; within it, the fastest."""
+    warm_then_cold = [
+        _timed(1, 1.0e-3, False, "2026-11-27T10:00:00+00:00"),
+        _timed(2, 1.2e-3, False, "2026-11-27T10:00:00+00:00"),
+        _timed(3, 3.0e-3, True, "2026-11-27T11:00:00+00:00"),
+        _timed(4, 2.5e-3, True, "2026-11-27T11:00:00+00:00"),
+    ]
+    best = rec.best(warm_then_cold, WL, "x86_64-avx512")
+    assert best is not None and best.config_index == 4 and best.result.cold
+    cold_then_warm = [*warm_then_cold[2:], *warm_then_cold[:2]]  # same stamps, later written wins
+    stamped = [
+        dataclasses.replace(r, timestamp="2026-11-27T12:00:00+00:00") for r in cold_then_warm
+    ]
+    best = rec.best(stamped, WL, "x86_64-avx512")
+    assert best is not None and best.config_index == 1 and not best.result.cold
+
+
+def test_a_run_resumed_in_the_other_timing_mode_tracks_the_best_of_the_new_mode() -> None:
+    progress = TuneProgress(total=8)
+    progress.add([_timed(1, 1.0e-3, False, "a"), _timed(2, 0.9e-3, False, "a")])  # resumed
+    progress.add([_timed(3, 3.0e-3, True, "b")])
+    assert progress.best is not None and progress.best.config_index == 3
+    progress.add([_timed(4, 2.0e-3, True, "b"), _timed(5, 2.5e-3, True, "b")])
+    assert progress.best.config_index == 4 and progress.best_at == 4

@@ -295,7 +295,13 @@ class PoolRunner:
         if msg is None:
             assert failed is not None
             return failed
-        return serde.measure_result(msg)
+        return self._mode(serde.measure_result(msg))
+
+    def _mode(self, result: MeasureResult) -> MeasureResult:
+        """`result`, marked `cold` when this runner's evaluator sweeps the caches."""
+        if self.evaluator.flush_cache_bytes > 0:
+            return dataclasses.replace(result, cold=True)
+        return result
 
     def _one_lease(self) -> tracker_pb2.Lease:
         """A live lease: a kept one renewed, or a new one. A lease kept from an earlier batch
@@ -492,7 +498,7 @@ class PoolRunner:
         if msg is None:
             assert failed is not None
             return failed
-        return self._settle_noise(lease, art, serde.measure_result(msg))
+        return self._mode(self._settle_noise(lease, art, serde.measure_result(msg)))
 
     def _settle_noise(
         self, lease: tracker_pb2.Lease, art: Artifact, result: MeasureResult

@@ -91,6 +91,9 @@ class MeasureResult:
     emulated: bool = False
     extra: dict[str, float] = field(default_factory=dict)
     noisy: bool = False  # its samples spread past NOISY_SPREAD even after a re-measure
+    # timed cold: the caches swept before each repeat (EvaluatorConfig.flush_cache_bytes); cold
+    # and warm times of one kernel are not comparable, so records keep which it was
+    cold: bool = False
     accel: AccelCycles | None = None  # a simulated accelerator's cycles (not kept in records)
 
     @property

@@ -12,7 +12,10 @@ Schema version 2 (what this module writes), one object per line:
 `space_size` is the size of the config space the index was drawn from (0: unknown), so a reader
 can tell a record of a space that has since changed; `"confirmation": true` (present only then)
 marks a config measured again at the end of a run to confirm its speed, which is not a trial; `status` and `device` repeat the result's
-status and the device it ran on at top level, for grep and for summaries.
+status and the device it ran on at top level, for grep and for summaries. `result.caches` is
+"cold" (present only then) for a time taken with the caches swept before each repeat (`kiln tune
+--caches cold`, the default for models whose weights outgrow the caches); no such field means
+warm. `best` never compares a cold time with a warm one.
 
 Version 1 (read, migrated on read) had no `space_size`, no top-level `status`/`device`, and kept the
 device as `result.device_id`.
@@ -43,6 +46,7 @@ from tuner.measure import MeasureResult, Status
 _LOG = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
+CACHE_MODES = ("warm", "cold")  # how a result was timed (`result.caches`; absent: warm)
 READABLE_VERSIONS = (1, 2)
 
 
@@ -162,6 +166,7 @@ class Record:
                 "error": r.error,
                 "number_used": r.number_used,
                 **({"noisy": True} if r.noisy else {}),
+                **({"caches": "cold"} if r.cold else {}),
             },
             "flop": self.flop,
             "timestamp": self.timestamp,
@@ -184,6 +189,9 @@ class Record:
             )
         try:
             res = obj["result"]
+            caches = res.get("caches", "warm")
+            if caches not in CACHE_MODES:
+                raise RecordFormatError(f"result.caches is {caches!r}, not one of {CACHE_MODES}")
             # version 1 kept the device in the result; version 2 at top level
             device = str(res.get("device_id", "") if version == 1 else obj.get("device", ""))
             result = MeasureResult(
@@ -193,6 +201,7 @@ class Record:
                 device_id=device,
                 number_used=int(res.get("number_used", 0)),
                 noisy=bool(res.get("noisy", False)),
+                cold=caches == "cold",
             )
             cfg = obj["config"]
             return cls(
@@ -282,7 +291,9 @@ def best(
     """The fastest OK config of a workload on a target; records of other targets never count.
 
     Each config counts once, by `settled_time` over its OK records (the upper median), and the
-    record returned is that one.
+    record returned is that one. Cold and warm times (`MeasureResult.cold`) are never compared:
+    when the workload has both, the records of the newest one's mode decide (a re-tune in the
+    other mode takes over; the records of the old mode stay for the reader).
 
     Args:
         records: any records, of any workloads and targets.
@@ -292,13 +303,20 @@ def best(
         space_size: when given, records of a config space of another (known) size are ignored,
             because their index means another config in today's space.
     """
+    chosen = [
+        r
+        for r in records
+        if matches(r, workload, target)
+        and r.result.ok
+        and (space_size is None or r.space_size in (0, space_size))
+    ]
+    if not chosen:
+        return None
+    # the newest by timestamp, the later written of equal ones
+    cold = max(enumerate(chosen), key=lambda p: (p[1].timestamp, p[0]))[1].result.cold
     by_config: dict[tuple[int, int], list[Record]] = {}
-    for r in records:
-        if (
-            matches(r, workload, target)
-            and r.result.ok
-            and (space_size is None or r.space_size in (0, space_size))
-        ):
+    for r in chosen:
+        if r.result.cold == cold:
             by_config.setdefault((r.config_index, r.space_size), []).append(r)
     settled = (settled_time(rs) for rs in by_config.values())
     return min(settled, key=lambda r: r.result.median_s, default=None)
