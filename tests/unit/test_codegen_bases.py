@@ -13,6 +13,7 @@ import pytest
 from compiler import build as compiler_build
 from compiler.codegen.c import FunctionWriter, render_c
 from compiler.ir import Buffer, For, ForKind, IntImm, Load, PrimFunc, Seq, Store, Var
+from compiler.ops.base import OpTemplate
 from compiler.toolchain import compile_shared
 from device_agent import abi
 from tuner.records import Workload
@@ -84,6 +85,8 @@ def test_a_kernel_computes_the_same_with_and_without_shared_bases(
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     workload = Workload("dense", (40, 72, 24))
     task = Task(workload)
+    template = task.template
+    assert isinstance(template, OpTemplate)
     rng = random.Random(seed)
     index = next(
         i
@@ -101,11 +104,11 @@ def test_a_kernel_computes_the_same_with_and_without_shared_bases(
         source = compiler_build.build_source_many([kernel], "host")
         lib = ctypes.CDLL(str(compile_shared(source, "host").path))
         config = task.space.get(index)
-        inputs = task.template.pack_inputs(workload.shape, config, [a, b])
+        inputs = template.pack_inputs(workload.shape, config, [a, b])
         out = np.zeros([int(d) for d in tensors[-1].shape], np.float32)
         buffers = [*inputs, out]
         assert abi.bind_entry(lib, "kiln_dense")(abi.pack_args(buffers)) == 0
-        outputs.append(task.template.unpack_output(workload.shape, config, out))
+        outputs.append(template.unpack_output(workload.shape, config, out))
         sources.append(_kernel(source, "kiln_dense"))
     assert "_at = &" in sources[0] and "_at = &" not in sources[1]
     np.testing.assert_array_equal(outputs[0], outputs[1])
