@@ -39,8 +39,18 @@ def tracker_refuses(stderr: str) -> bool:
     return False
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# `python -m kiln` with SIGINT raising KeyboardInterrupt, as a shell's foreground job has it: a
+# shell's background job inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored. Set
+# in the child's Python, not by a preexec_fn: a preexec_fn makes Popen fork() (not vfork), which
+# runs gRPC's fork handlers in the child, and grpcio 1.80 onwards can then abort it before exec
+# ("epoll_wait error: Bad file descriptor", grpc/grpc#43055; this process holds gRPC channels of
+# earlier tests).
+KILN_WITH_SIGINT = (
+    sys.executable,
+    "-c",
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'kiln'; runpy.run_module('kiln', run_name='__main__', alter_sys=True)",
+)
 
 
 @pytest.mark.slow
@@ -54,16 +64,12 @@ def test_a_stopped_run_resumes_without_remeasuring_and_ends_at_the_budget(
     budget, batch = "40", "4"
     common = ("tune-op", "dense", "--shape", "48,32,64", "--trials", budget, "--batch", batch)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln", *common, *SMALL, "--tuner", "random",
-         "--records", str(path)],
+        [*KILN_WITH_SIGINT, *common, *SMALL, "--tuner", "random", "--records", str(path)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # A shell's background job inherits SIGINT ignored, and Python keeps an ignored SIGINT
-        # ignored: give the child the default so this test does not depend on how pytest runs.
-        preexec_fn=_default_sigint,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 180
         while lines_of(path) < 8:  # two batches on disk
