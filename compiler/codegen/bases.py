@@ -18,15 +18,18 @@ is split into its terms (through + and -) and its constant; accesses whose terms
 group. What is rendered inside the block holds a token per access; when the block is done, the
 groups used twice or more get their pointer and the other tokens become the plain `X[index]`.
 An index that reads memory (a gather), or a variable not bound where the block starts, is never
-grouped.
+grouped, nor an access C may not evaluate (an arm of `?:`, the right side of `&&` or `||`): a
+pointer formed where a guard said no could point outside its buffer. Branches of an `if` are
+blocks of their own, so their pointers are formed past the guard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from compiler.ir import expr as E
@@ -69,6 +72,18 @@ class BaseBlocks:
         self._blocks: list[_Block] = []
         self._loop_vars: list[E.Var] = []
         self._ids = itertools.count()
+        self._conditional = 0  # depth of operands C may not evaluate (?: arms, && / || right sides)
+
+    @contextlib.contextmanager
+    def conditional(self) -> Iterator[None]:
+        """Render operands that C evaluates only sometimes: their accesses keep plain indices,
+        so no pointer is formed where they would not have run (it could point outside its
+        buffer, which C leaves undefined even unread)."""
+        self._conditional += 1
+        try:
+            yield
+        finally:
+            self._conditional -= 1
 
     def element(self, buf: Buffer, index: E.Expr, offset: int = 0) -> str:
         """C for element `index + offset` of `buf`: a token inside a block, else `X[index]`."""
@@ -76,7 +91,13 @@ class BaseBlocks:
         terms: list[tuple[int, E.Expr]] = []
         const = _split(index, 1, terms) + offset
         read = _plain_vars(index)
-        if block is None or not terms or read is None or not read <= block.bound:
+        if (
+            block is None
+            or self._conditional
+            or not terms
+            or read is None
+            or not read <= block.bound
+        ):
             return plain_element(self._name(buf), self._expr(index), offset)
         rendered = [(sign, self._expr(t)) for sign, t in terms]
         key = (buf, tuple(sorted(rendered)))

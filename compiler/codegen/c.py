@@ -364,7 +364,9 @@ class FunctionWriter:
         if isinstance(e, E.Cast):
             return f"(({_ctype(e.dtype)}){self.expr(e.value)})"
         if isinstance(e, E.Select):
-            c, a, b = self.expr(e.condition), self.expr(e.true_value), self.expr(e.false_value)
+            c = self.expr(e.condition)
+            with self.bases.conditional():  # ?: evaluates one arm: keep their addresses there
+                a, b = self.expr(e.true_value), self.expr(e.false_value)
             return f"({c} ? {a} : {b})"
         if isinstance(e, E.Call):
             return self.call(e)
@@ -384,6 +386,11 @@ class FunctionWriter:
             if e.dtype in _MINMAX_DTYPES:
                 return f"kiln_{'min' if isinstance(e, E.Min) else 'max'}_{e.dtype}({a}, {b})"
             return f"({a} {'<' if isinstance(e, E.Min) else '>'} {b} ? {a} : {b})"
+        if isinstance(e, E.And | E.Or):
+            left = self.expr(e.a)
+            with self.bases.conditional():  # && and || may not evaluate their right side
+                right = self.expr(e.b)
+            return f"({left} {_INFIX[type(e)]} {right})"
         if type(e) in _INFIX:
             assert isinstance(e, E.BinaryOp)
             return f"({self.expr(e.a)} {_INFIX[type(e)]} {self.expr(e.b)})"

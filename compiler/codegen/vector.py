@@ -22,6 +22,7 @@ function returns.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -303,13 +304,17 @@ def _vector_select(w: FunctionWriter, e: E.Select, chunk: _Chunk) -> tuple[str, 
     dtype = e.dtype
     if dtype not in _MASK_DTYPE:
         return None
-    a = _vector_expr(w, e.true_value, chunk)
-    b = _vector_expr(w, e.false_value, chunk)
+    cond = e.condition
+    uniform = not chunk.reads_var(cond)
+    # One condition for every lane is a C ?:, which evaluates one arm (see `bases.conditional`);
+    # a lane mask evaluates both.
+    with w.bases.conditional() if uniform else contextlib.nullcontext():
+        a = _vector_expr(w, e.true_value, chunk)
+        b = _vector_expr(w, e.false_value, chunk)
     if a is None or b is None:
         return None
     vt = vector_type(dtype, chunk.width)
-    cond = e.condition
-    if not chunk.reads_var(cond):
+    if uniform:
         # One condition for every lane: a plain ?: between two values of the same type.
         av = a[0] if a[1] else f"({a[0]} - ({vt}){{0}})"
         bv = b[0] if b[1] else f"({b[0]} - ({vt}){{0}})"

@@ -12,7 +12,20 @@ import pytest
 
 from compiler import build as compiler_build
 from compiler.codegen.c import FunctionWriter, render_c
-from compiler.ir import Buffer, For, ForKind, IntImm, Load, PrimFunc, Seq, Store, Var
+from compiler.ir import (
+    And,
+    Buffer,
+    FloatImm,
+    For,
+    ForKind,
+    IntImm,
+    Load,
+    PrimFunc,
+    Select,
+    Seq,
+    Store,
+    Var,
+)
 from compiler.ops.base import OpTemplate
 from compiler.toolchain import compile_shared
 from device_agent import abi
@@ -73,6 +86,23 @@ def test_a_gathered_index_and_an_inner_loop_variable_are_never_hoisted() -> None
     declaration = src.index("float *y_at")
     assert src.index("for (int32_t j = 0;") < declaration
     assert "&y[((i * 8) + j)]" in src[declaration:]
+    assert "\x01" not in src
+
+
+def test_accesses_c_may_not_evaluate_keep_plain_indices() -> None:
+    """A ?: arm or the right side of && runs only past its guard: no pointer is formed for it
+    ahead of the guard."""
+    x, y = Buffer("x", (40,), "float32"), Buffer("y", (8,), "float32")
+    i = Var("i")
+    shifted = (i - 1) * 4  # one term: at i = 0 its pointer would be x - 4
+    padded = Select(i > 0, Load(x, shifted + 1) + Load(x, shifted + 2), FloatImm(0.0))
+    guarded = Select(And(i > 0, Load(x, shifted + 3) > 0.0), FloatImm(1.0), FloatImm(0.0))
+    body = Store(y, i, padded + guarded)
+    src = _kernel(
+        render_c([(PrimFunc("f", (x, y), For(i, IntImm(8), ForKind.SERIAL, body)), "f")]), "f"
+    )
+    assert "_at" not in src
+    assert "x[(((i - 1) * 4) + 1)]" in src
     assert "\x01" not in src
 
 
