@@ -146,3 +146,21 @@ def test_confirmation_runs_are_kept_apart_from_trials(tmp_path: Path) -> None:
     assert summary.trials == 2 and summary.ok == 2
     assert summary.best is not None and summary.best.config_index == 2  # the steady one
     assert best_so_far(loaded) == [10.0, 10.0]  # one point per trial
+
+
+def test_summary_marks_a_best_timed_cold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A workload re-tuned cold: its cold records decide, and the row says so."""
+    path = tmp_path / "r.jsonl"
+    warm = record(DENSE, 1, 0.1)  # 10 GFLOP/s warm, faster than any cold time
+    cold = [
+        rec.Record(DENSE, "x86_64", i, {"k": i}, MeasureResult(Status.OK, (s,), cold=True), 1e9,
+                   "2099-01-01T00:00:00+00:00", 100)
+        for i, s in ((2, 0.5), (3, 0.25))
+    ]  # fmt: skip
+    rec.append(path, [warm, *cold])
+    code, out, err = run_kiln(["records", "summary", str(path)], capsys)
+    assert code == 0, err
+    [row] = [line for line in out.splitlines() if line.startswith("| dense")]
+    assert "| 4.0 cold " in row and '#3 {"k": 3}' in row
