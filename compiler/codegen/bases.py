@@ -87,17 +87,13 @@ class BaseBlocks:
 
     def element(self, buf: Buffer, index: E.Expr, offset: int = 0) -> str:
         """C for element `index + offset` of `buf`: a token inside a block, else `X[index]`."""
-        block = self._blocks[-1] if self._blocks else None
+        block = self._blocks[-1] if self._blocks and not self._conditional else None
+        if block is None:
+            return plain_element(self._name(buf), self._expr(index), offset)
         terms: list[tuple[int, E.Expr]] = []
         const = _split(index, 1, terms) + offset
         read = _plain_vars(index)
-        if (
-            block is None
-            or self._conditional
-            or not terms
-            or read is None
-            or not read <= block.bound
-        ):
+        if not terms or read is None or not read <= block.bound:
             return plain_element(self._name(buf), self._expr(index), offset)
         rendered = [(sign, self._expr(t)) for sign, t in terms]
         key = (buf, tuple(sorted(rendered)))
