@@ -25,7 +25,11 @@
 #
 # GPU_CHECK_PYTHON=PATH names the interpreter instead (a rehearsal of the machine's here).
 # Limits (seconds; environment overrides): GPU_CHECK_TOTAL_S=530 in all, GPU_CHECK_TESTS_S=150,
-# GPU_CHECK_FLOW_S=75 (kept back for stage 4), GPU_CHECK_SECTION_MAX_S=90 per benchmark section.
+# GPU_CHECK_FLOW_S=75 (kept back for stage 4: `kiln tune-op`, then `kiln tune` of ResNet-18 and
+# BERT-tiny, GPU_CHECK_MODEL_TRIALS=36 and half, GPU_CHECK_MODEL_S=150 each),
+# GPU_CHECK_SECTION_MAX_S=90 per benchmark section; GPU_CHECK_SECTIONS=gemm,fp16 runs only those
+# sections (none: no benchmark; GPU_CHECK_BENCH_ARGS="--trials 160" adds words to
+# benchmarks/cuda.py's command line), GPU_CHECK_SKIP_TESTS=1 skips stage 2 (reruns after a change).
 
 set -u
 set -o pipefail
@@ -72,6 +76,13 @@ if [ "$MODE" = "shim" ]; then make_shim; exit $?; fi
 TOTAL_S="${GPU_CHECK_TOTAL_S:-530}"
 TESTS_S="${GPU_CHECK_TESTS_S:-150}"
 FLOW_S="${GPU_CHECK_FLOW_S:-75}"
+MODEL_TRIALS="${GPU_CHECK_MODEL_TRIALS:-36}"  # resnet18's; bert_tiny gets half
+MODEL_S="${GPU_CHECK_MODEL_S:-150}"  # each model's tune, build, run and check
+export MODEL_TRIALS MODEL_S
+SECTIONS="${GPU_CHECK_SECTIONS:-}"  # e.g. "gemm": only these benchmark sections, each given
+# GPU_CHECK_SECTION_MAX_S (a rerun after a change); "none": no benchmark; empty: all four,
+# fitted to the time left
+SKIP_TESTS="${GPU_CHECK_SKIP_TESTS:-0}"  # 1: no GPU tests (a rerun of the benchmark alone)
 SECTION_MAX_S="${GPU_CHECK_SECTION_MAX_S:-90}"
 START=$(date +%s)
 SUMMARY=()
@@ -152,9 +163,13 @@ gpu_tests() {
   if "$PY" -c "import xdist" >/dev/null 2>&1; then xdist=(-n 4); fi
   echo "GPU tests: ${files[*]} (all) + ${others[*]:-} (-k gpu)"
   local rc=0
-  "$PY" -m pytest -p no:cacheprovider -q -rs --timeout 120 "${xdist[@]}" "${files[@]}" || rc=$?
+  # -p no:benchmark: the GPU machine's pytest-benchmark warns under xdist, and our
+  # filterwarnings = error makes that warning an INTERNALERROR before any test runs
+  "$PY" -m pytest -p no:cacheprovider -p no:benchmark -q -rs --timeout 120 "${xdist[@]}" \
+    "${files[@]}" || rc=$?
   if [ ${#others[@]} -gt 0 ]; then
-    "$PY" -m pytest -p no:cacheprovider -q -rs --timeout 120 -k gpu "${others[@]}" || rc=$?
+    "$PY" -m pytest -p no:cacheprovider -p no:benchmark -q -rs --timeout 120 -k gpu \
+      "${others[@]}" || rc=$?
   fi
   return $rc
 }
@@ -196,6 +211,7 @@ agent_flow() {
       --token-file "$dir/pool.secrets" --trials 8 --records "$dir/records.jsonl" "${check[@]}"
     rc=$?
     echo "agent flow: kiln tune-op exit $rc; $(wc -l <"$dir/records.jsonl" 2>/dev/null || echo 0) records"
+    model_flow "$dir" "$addr" "${check[@]}" || rc=$?
   else
     echo "agent flow: the agent never became ready and registered"; rc=1
   fi
@@ -203,6 +219,23 @@ agent_flow() {
   wait "$apid" "$tpid" 2>/dev/null
   echo "agent flow: the agent's log ends:"; tail -8 "$dir/agent.log"
   rm -rf "$dir"
+  return $rc
+}
+
+# model_flow DIR ADDR: whole models through the GPU agent: `kiln tune MODEL --key gpu` tunes the
+# GPU build's template tasks on the device (each candidate checked against the host reference),
+# builds the model from the records, runs it on the device and compares it with onnxruntime
+# (on the fake driver: --no-check, which computes nothing)
+model_flow() {
+  local dir="$1" addr="$2" check="${3:---check}" rc=0 name trials
+  "$PY" -m kiln models export -o "$dir/models" resnet18 bert_tiny || return 1
+  for name in resnet18 bert_tiny; do
+    trials=$([ "$name" = resnet18 ] && echo "$MODEL_TRIALS" || echo $((MODEL_TRIALS / 2)))
+    echo "model flow: kiln tune $name.onnx --key gpu --trials $trials"
+    timeout "$MODEL_S" "$PY" -m kiln tune "$dir/models/$name.onnx" --tracker "$addr" --key gpu \
+      --token-file "$dir/pool.secrets" --trials "$trials" "$check" \
+      --records "$dir/$name.records.jsonl" || { rc=$?; echo "model flow: $name exit $rc"; }
+  done
   return $rc
 }
 
@@ -256,7 +289,7 @@ export PYTHONPATH PY ROOT START
 BENCH_LINE=""
 WORK="$(mktemp -d /tmp/kiln-gpu-check.XXXXXX)"
 export WORK
-export -f elapsed machine open_gpu gpu_tests agent_flow bench
+export -f elapsed machine open_gpu gpu_tests wait_for agent_flow model_flow bench
 
 stage machine 60 machine
 
@@ -274,13 +307,19 @@ if ! stage open-gpu 60 open_gpu; then
   finish
   exit 2
 fi
-stage gpu-tests "$TESTS_S" gpu_tests
+[ "$SKIP_TESTS" = 1 ] || stage gpu-tests "$TESTS_S" gpu_tests
 # what is left, less stage 4's share and a margin, split over the 4 sections (each child may
 # run ~10 s past its budget: start, CUDA context, cuBLAS, last rounds)
 BENCH_S=$(($(left) - FLOW_S - 15))
 SECTION_S=$(((BENCH_S - 40) / 4))
 [ "$SECTION_S" -gt "$SECTION_MAX_S" ] && SECTION_S="$SECTION_MAX_S"
-if [ "$SECTION_S" -lt 20 ]; then
+if [ "$SECTIONS" = none ]; then
+  echo "gpu_check: GPU_CHECK_SECTIONS=none: no benchmark"
+elif [ -n "$SECTIONS" ]; then
+  # shellcheck disable=SC2086  # GPU_CHECK_BENCH_ARGS: more words for benchmarks/cuda.py
+  stage benchmark "$BENCH_S" bench --sections "$SECTIONS" --budget-s "$SECTION_MAX_S" \
+    --total-s "$((BENCH_S - 10))" ${GPU_CHECK_BENCH_ARGS:-}
+elif [ "$SECTION_S" -lt 20 ]; then
   echo "gpu_check: only $BENCH_S s left for the benchmark: its quick run"
   stage benchmark "$((BENCH_S > 40 ? BENCH_S : 40))" bench --quick --budget-s 20 \
     --total-s "$((BENCH_S > 40 ? BENCH_S - 10 : 30))"
