@@ -230,17 +230,23 @@ DENSE_PRESET_TILES = (
     ("2x16x4", "2x8x4"),
 )
 DENSE_PRESET_LAYOUTS = (("km", "kn", "float4"), ("mk", "nk", "async"))
+# then the k-major tiles (the transposing copies cp.async cannot make) staged through
+# registers, with and without a cap of two blocks a multiprocessor
+DENSE_STAGED_LAYOUTS = (("km", "kn", "float4"), ("km", "kn", "scalar"))
 
 
 def _dense_presets(tpl: OpTemplate, shape: tuple[int, ...]) -> list[int]:
-    """DENSE_PRESET_TILES x k_tile 8, 16 x DENSE_PRESET_LAYOUTS, double-buffered, as indices
+    """DENSE_PRESET_TILES x k_tile 8, 16 x DENSE_PRESET_LAYOUTS, double-buffered, then
+    DENSE_PRESET_TILES x k_tile 16 x DENSE_STAGED_LAYOUTS x min_blocks 1, 2, staged, as indices
     of the space (those that exist there and are worth measuring)."""
     space = tpl.config_space(shape)
     target = cuda_target("sm_90")
     out = []
-    for (tm, tn), k_tile, (a, b, copy) in itertools.product(
-        DENSE_PRESET_TILES, (8, 16), DENSE_PRESET_LAYOUTS
-    ):
+    plain = itertools.product(DENSE_PRESET_TILES, (8, 16), DENSE_PRESET_LAYOUTS, [(True, 1)])
+    staged = itertools.product(
+        DENSE_PRESET_TILES, (16,), DENSE_STAGED_LAYOUTS, [("staged", 1), ("staged", 2)]
+    )
+    for (tm, tn), k_tile, (a, b, copy), (double, blocks) in itertools.chain(plain, staged):
         values = {
             "tile_m": tm,
             "tile_n": tn,
@@ -249,8 +255,9 @@ def _dense_presets(tpl: OpTemplate, shape: tuple[int, ...]) -> list[int]:
             "b_shared": b,
             "shared_pad": 4,
             "copy": copy,
-            "double_buffer": True,
+            "double_buffer": double,
             "unroll_k": True,
+            "min_blocks": blocks,
         }
         try:
             index = space.index_of(values)

@@ -27,6 +27,7 @@ waits for the thread's outstanding copies, so a barrier still means "the tile is
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 from compiler.arith import simplify
@@ -97,7 +98,8 @@ def render_cuda(func: PrimFunc, symbol: str) -> CudaKernel:
     dims = launch_dims(func)
     writer = _CudaWriter(func, symbol, dims)
     params = ", ".join(f"{_cuda_type(b.dtype)} *__restrict__ {writer.name(b)}" for b in func.params)
-    lines = [f'extern "C" __global__ void {symbol}({params}) {{']
+    bounds = _launch_bounds(func, dims)
+    lines = [f'extern "C" __global__ void {bounds}{symbol}({params}) {{']
     lines += writer.stmt(func.body, 1)
     lines += ["}", ""]
     # sorted: the same kernel gives the same text; guarded: build_cuda puts several kernels,
@@ -111,6 +113,25 @@ def render_cuda(func: PrimFunc, symbol: str) -> CudaKernel:
     block = tuple(dims.get(f"threadIdx.{a}", 1) for a in _AXES)
     source = "\n".join([CUDA_PRELUDE, *lines])
     return CudaKernel(source, symbol, grid, block)  # type: ignore[arg-type]
+
+
+MIN_BLOCKS_PRAGMA = "min_blocks_per_sm"  # on a bound loop: __launch_bounds__(threads, value)
+
+
+def _launch_bounds(func: PrimFunc, dims: dict[str, int]) -> str:
+    """`__launch_bounds__(threads, n) ` when a loop asks for n blocks per multiprocessor (ptxas
+    then keeps a thread's registers to what n blocks of this size leave), else nothing."""
+    wanted = [
+        int(value)  # type: ignore[call-overload]
+        for s in walk_stmts(func.body)
+        if isinstance(s, For)
+        for key, value in s.pragmas
+        if key == MIN_BLOCKS_PRAGMA
+    ]
+    if not wanted:
+        return ""
+    threads = math.prod(dims.get(f"threadIdx.{a}", 1) for a in _AXES)
+    return f"__launch_bounds__({threads}, {max(wanted)}) "
 
 
 def _cuda_type(dtype: str) -> str:

@@ -6,6 +6,13 @@ Every load and store is bounds-checked, because numpy would silently wrap a nega
 a register-promoted buffer (`Buffer.registers`) runs as an array whose accesses must hit a slot.
 Allocated buffers start as NaN (floats) or a poison value (ints), so a read before a write shows.
 Integer arithmetic is unbounded (Python ints); float arithmetic rounds to the expression's dtype.
+
+GPU threads run one after another: a loop bound to `threadIdx.*` runs its iterations in turn,
+and one nested in another of the same tag (a shared tile's copy inside a thread's loop nest)
+runs every thread's share again, so one outer thread fills the whole tile and every barrier
+already holds. A "local" buffer is a thread's own: each combination of the innermost running
+`threadIdx.*` loops' values has its copy of it, so a copy staged through registers (the double
+buffering pass) keeps each thread's values apart as the GPU does.
 """
 
 from __future__ import annotations
@@ -106,6 +113,19 @@ class _Interpreter:
     def __init__(self, flat: dict[Buffer, np.ndarray]) -> None:
         self.flat = flat
         self.env: dict[E.Var, Any] = {}
+        self.threads: dict[str, int] = {}  # threadIdx tag -> the running thread's index
+        self.thread_key: tuple[tuple[str, int], ...] = ()
+        self.local: dict[Buffer, dict[tuple[tuple[str, int], ...], np.ndarray]] = {}
+
+    def array(self, buf: Buffer) -> np.ndarray:
+        """`buf`'s elements: a local buffer's for the running thread (made on first use)."""
+        copies = self.local.get(buf)
+        if copies is None:
+            return self.flat[buf]
+        arr = copies.get(self.thread_key)
+        if arr is None:
+            arr = copies[self.thread_key] = self.flat[buf].copy()
+        return arr
 
     def eval(self, e: E.Expr) -> Any:
         op = BINARY_OPS.get(type(e))
@@ -122,10 +142,10 @@ class _Interpreter:
         if isinstance(e, E.FloatImm):
             return np.dtype(e.dtype).type(e.value)
         if isinstance(e, E.Load):
-            value = self.flat[e.buffer][self._index(e.buffer, e.index, "load")]
+            value = self.array(e.buffer)[self._index(e.buffer, e.index, "load")]
             return int(value) if e.dtype in E.INT_DTYPES else value
         if isinstance(e, E.BufferLoad):
-            value = self.flat[e.buffer][self._nd_index(e.buffer, e.indices, "load")]
+            value = self.array(e.buffer)[self._nd_index(e.buffer, e.indices, "load")]
             return int(value) if e.dtype in E.INT_DTYPES else value
         if isinstance(e, E.Not):
             return not self.eval(e.a)
@@ -155,15 +175,26 @@ class _Interpreter:
         if isinstance(s, For):
             if s.var in self.env:
                 raise ValueError(f"loop variable {s.var.name} is bound twice")
+            tag = s.thread_tag if s.thread_tag.startswith("threadIdx.") else ""
+            outer = self.threads.get(tag)
             for i in range(int(self.eval(s.extent))):
                 self.env[s.var] = i
+                if tag:
+                    self.threads[tag] = i
+                    self.thread_key = tuple(sorted(self.threads.items()))
                 self.exec(s.body)
             self.env.pop(s.var, None)
+            if tag:
+                if outer is None:
+                    self.threads.pop(tag, None)
+                else:
+                    self.threads[tag] = outer
+                self.thread_key = tuple(sorted(self.threads.items()))
         elif isinstance(s, Store):
-            self.flat[s.buffer][self._index(s.buffer, s.index, "store")] = self.eval(s.value)
+            self.array(s.buffer)[self._index(s.buffer, s.index, "store")] = self.eval(s.value)
         elif isinstance(s, BufferStore):
             where = self._nd_index(s.buffer, s.indices, "store")
-            self.flat[s.buffer][where] = self.eval(s.value)
+            self.array(s.buffer)[where] = self.eval(s.value)
         elif isinstance(s, Seq):
             for child in s.stmts:
                 self.exec(child)
@@ -179,10 +210,13 @@ class _Interpreter:
             fill = np.nan if dtype.kind == "f" else _POISON_INT
             # astype wraps the poison into narrow integer types (int8 buffers exist too).
             self.flat[s.buffer] = np.full(s.buffer.size, fill).astype(dtype)
+            if s.buffer.scope == "local":
+                self.local[s.buffer] = {}
             try:
                 self.exec(s.body)
             finally:
                 del self.flat[s.buffer]
+                self.local.pop(s.buffer, None)
         elif isinstance(s, IntrinCall):
             views = []
             for (buf, offset, strides), shape in zip(s.operands, s.shapes, strict=True):
@@ -190,7 +224,7 @@ class _Interpreter:
                 last = start + sum((n - 1) * st for n, st in zip(shape, strides, strict=True))
                 if start < 0 or last >= buf.size:
                     raise IndexError(f"{s.name}: region of {buf.name} leaves [0, {buf.size})")
-                base = self.flat[buf]
+                base = self.array(buf)
                 item = base.itemsize
                 views.append(
                     np.lib.stride_tricks.as_strided(

@@ -96,12 +96,14 @@ class IfThenElse(Stmt):
 class Allocate(Stmt):
     """`buffer` exists (uninitialised) while `body` runs; its scope says where it lives.
 
-    `double_buffer` asks the double-buffering pass to give it two halves (stage.double_buffer()).
+    `double_buffer` asks the double-buffering pass to give it two halves (stage.double_buffer()),
+    `stage_registers` to carry the next fill through registers across the use (the pass's doc).
     """
 
     buffer: Buffer
     body: Stmt
     double_buffer: bool = False
+    stage_registers: bool = False
 
 
 @dataclass(frozen=True, eq=False)

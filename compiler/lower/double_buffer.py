@@ -14,6 +14,26 @@ applies to Allocates marked double_buffer whose body is (fill, [barrier], use...
 a serial loop with a constant extent, and to a nest of such Allocates (a GEMM's A and B tiles)
 whose body fills each of them in turn, (fill A, [barrier], fill B, [barrier], use...); others
 stay single-buffered (correct, only slower).
+
+Staging through registers (`Allocate.stage_registers`, stage.double_buffer(stage_registers=True)):
+a fill that stores global values straight into shared memory makes each thread wait for its
+global loads before its FMAs start (a shared store needs the loaded value), so only other warps
+hide that latency. A staged fill is cut in two around the use, as CUTLASS's SIMT mainloop does:
+
+    for i in range(n):
+      barrier()
+      if i + 1 < n: reg[j] = global(i + 1, j)          (the loads, in flight during the use)
+      use(i) <- half i % 2
+      if i + 1 < n: half (i + 1) % 2 [j] = reg[j]      (the stores, once the loads are back)
+
+`reg` is a thread's "local" buffer, one element per iteration of the fill's own loops (those
+not bound to threads), indexed by them row-major; those loops are unrolled, so register
+promotion keeps `reg` in registers (a vectorized lane loop stays a vector slot). Still one
+barrier an iteration: half (i + 1) % 2 was last read in use(i - 1), before this iteration's
+barrier, and the next barrier orders the stores before use(i + 1). A fill that is not one
+loop nest around one store (an intrinsic's copy such as `cp.async`, which is already
+asynchronous), or whose own loops have a variable extent or more than MAX_STAGED elements, is
+prefetched as above, unstaged.
 """
 
 from __future__ import annotations
@@ -163,12 +183,97 @@ def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | No
     return fills, rest
 
 
+MAX_STAGED = 64  # elements of one fill staged in a thread's registers (else it is not staged)
+
+
+def _stage(fill: Stmt, target: Buffer) -> tuple[Stmt, Stmt, Buffer] | None:
+    """(the fill's loads into a register buffer, its stores from it, that buffer), or None when
+    `fill` is not loops, guards and sequences around Stores into `target` (module doc). Each
+    Store gets its own run of registers, indexed row-major by its loops not bound to threads."""
+    size = 0
+    # sized once every Store has its run: until then the runs go into a stand-in
+    scratch = Buffer(f"{target.name}_reg", (MAX_STAGED,), target.dtype, "local")
+
+    def split(node: Stmt, own: tuple[For, ...]) -> tuple[Stmt, Stmt] | None:
+        nonlocal size
+        if isinstance(node, Store):
+            if node.buffer is not target:
+                return None
+            flat: E.Expr = E.IntImm(size)
+            count = 1
+            for loop in own:
+                assert isinstance(loop.extent, E.IntImm)
+                count *= loop.extent.value
+            stride = count
+            for loop in own:
+                assert isinstance(loop.extent, E.IntImm)
+                stride //= loop.extent.value
+                flat = flat + loop.var * stride
+            size += count
+            staged = Store(scratch, flat, node.value)
+            return staged, Store(target, node.index, E.Load(scratch, flat))
+        if isinstance(node, Seq):
+            halves = [split(child, own) for child in node.stmts]
+            if any(h is None for h in halves):
+                return None
+            return seq(*(h[0] for h in halves if h)), seq(*(h[1] for h in halves if h))
+        if isinstance(node, IfThenElse):
+            if node.else_case is not None:
+                return None
+            inner = split(node.then_case, own)
+            if inner is None:
+                return None
+            return (
+                dataclasses.replace(node, then_case=inner[0]),
+                dataclasses.replace(node, then_case=inner[1]),
+            )
+        if isinstance(node, For):
+            kind: ForKind = node.kind
+            if kind is ForKind.THREAD_BINDING:
+                inner = split(node.body, own)
+            elif isinstance(node.extent, E.IntImm) and kind is not ForKind.PARALLEL:
+                inner = split(node.body, (*own, node))
+                # unrolled, so that every register index is a constant (register promotion)
+                kind = ForKind.VECTORIZED if node.kind is ForKind.VECTORIZED else ForKind.UNROLLED
+            else:
+                return None
+            if inner is None:
+                return None
+            return (
+                dataclasses.replace(node, body=inner[0], kind=kind),
+                dataclasses.replace(node, body=inner[1], kind=kind),
+            )
+        return None
+
+    halves = split(fill, ())
+    if halves is None or not 0 < size <= MAX_STAGED:
+        return None
+    reg = Buffer(scratch.name, (size,), target.dtype, "local")
+    to_reg = _Retarget(scratch, reg, E.IntImm(0))
+    return to_reg.visit(halves[0]), to_reg.visit(halves[1]), reg
+
+
 def _transform(loop: For, allocs: list[Allocate], fills: list[Stmt], rest: list[Stmt]) -> Stmt:
     assert isinstance(loop.extent, E.IntImm)
     i, n = loop.var, loop.extent.value
-    prologue, prefetch, use = seq(*fills), seq(*fills), seq(*rest)
+    prologue, use = seq(*fills), seq(*rest)
     prologue = substitute_stmt(prologue, {i: E.IntImm(0)})
-    prefetch = substitute_stmt(prefetch, {i: i + 1})
+    # the next iteration's fills: straight into shared memory, or loads now and stores after use
+    direct: list[Stmt] = []
+    loads: list[Stmt] = []
+    stores: list[Stmt] = []
+    staging: list[Buffer] = []
+    for alloc, fill in zip(_fill_order(allocs, fills), fills, strict=True):
+        staged = _stage(fill, alloc.buffer) if alloc.stage_registers else None
+        if staged is None:
+            direct.append(fill)
+        else:
+            load, store, reg = staged
+            loads.append(load)
+            stores.append(store)
+            staging.append(reg)
+    prefetch = substitute_stmt(seq(*direct, *loads), {i: i + 1})
+    after = substitute_stmt(seq(*stores), {i: i + 1}) if stores else None
     doubled = []
     for alloc in allocs:
         old = alloc.buffer
@@ -178,13 +283,32 @@ def _transform(loop: For, allocs: list[Allocate], fills: list[Stmt], rest: list[
         half_next = E.FloorMod(i + 1, E.IntImm(2)) * size
         prologue = _Retarget(old, new, E.IntImm(0)).visit(prologue)
         prefetch = _Retarget(old, new, half_next).visit(prefetch)
+        if after is not None:
+            after = _Retarget(old, new, half_next).visit(after)
         use = _Retarget(old, new, half_now).visit(use)
         doubled.append(new)
-    body = seq(Barrier(), IfThenElse(E.LT(i + 1, E.IntImm(n)), prefetch), use)
-    out: Stmt = seq(prologue, dataclasses.replace(loop, body=body))
+    more = E.LT(i + 1, E.IntImm(n))
+    parts = [Barrier(), IfThenElse(more, prefetch), use]
+    if after is not None:
+        parts.append(IfThenElse(more, after))
+    out: Stmt = seq(prologue, dataclasses.replace(loop, body=seq(*parts)))
+    for reg in staging:
+        out = Allocate(reg, out)
     for new in reversed(doubled):
         out = Allocate(new, out)
     return out
+
+
+def _fill_order(allocs: list[Allocate], fills: list[Stmt]) -> list[Allocate]:
+    """The allocation each fill stores into, in the fills' order."""
+    by_buffer = {a.buffer: a for a in allocs}
+    order = []
+    for fill in fills:
+        acc = _Accesses()
+        acc.visit(fill)
+        (buf,) = acc.stored & set(by_buffer) or {allocs[0].buffer}
+        order.append(by_buffer[buf])
+    return order
 
 
 def double_buffer(func: PrimFunc) -> PrimFunc:

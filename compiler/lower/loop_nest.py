@@ -106,7 +106,7 @@ class _Builder:
         for stage in reversed(roots):
             st = self.storage[stage.tensor]
             if not st.is_param:
-                body = Allocate(st.buffer, body, stage.double_buffered)
+                body = Allocate(st.buffer, body, stage.double_buffered, stage.stage_registers)
         return LoopNest(body, self.params)
 
     # -- one stage --------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ class _Builder:
         for p in reversed(producers):
             st = self.storage[p.tensor]
             if not st.is_param:
-                stmt = Allocate(st.buffer, stmt, p.double_buffered)
+                stmt = Allocate(st.buffer, stmt, p.double_buffered, p.stage_registers)
         return stmt
 
     # -- expressions ------------------------------------------------------------------------------

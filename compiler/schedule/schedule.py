@@ -74,6 +74,7 @@ class Stage:
         self.attach_ivar: IterVar | None = None
         self.scope = "global"
         self.double_buffered = False
+        self.stage_registers = False
         # (factor, offset) of storage_align: the buffer's row stride is offset mod factor
         self.row_align: tuple[int, int] | None = None
 
@@ -256,9 +257,12 @@ class Stage:
             )
         self.row_align = (factor, offset)
 
-    def double_buffer(self) -> None:
-        """Give this attached stage two buffers so the next iteration's copy overlaps this one's use."""
+    def double_buffer(self, stage_registers: bool = False) -> None:
+        """Give this attached stage two buffers so the next iteration's copy overlaps this one's
+        use; with `stage_registers` that copy's loads are issued before the use and its stores
+        into the other buffer after it, through a thread's registers (the pass's doc)."""
         self.double_buffered = True
+        self.stage_registers = stage_registers
 
     def _annotate(self, axis: IterVar, kind: ForKind) -> None:
         self._leaf_position(axis, kind.value)

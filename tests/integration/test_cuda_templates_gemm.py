@@ -278,3 +278,117 @@ def test_register_tiles_are_indexed_by_constants_when_a_grid_axis_has_one_block(
     source = _render("cuda_conv2d_gemm", shape, _config(space, tile_m="1x4x4"), "k")
     indices = re.findall(r"C_acc_local\[([^\]]*)\]", source)
     assert indices and all(i.isdigit() for i in indices), {i for i in indices if not i.isdigit()}
+
+
+# (template, shape, knobs, copies and layouts): guards on the rows (10 and 6 do not fill a
+# copy's threads), lane tails (k_tile 3 of float4), a row-contiguous B (batch matmul), an
+# implicit GEMM's gathered input with padding (small tiles: the interpreter runs every thread's
+# copy of a tile for every thread)
+EVERY_COPY = [
+    (c, a, b) for c in ("scalar", "float4", "async") for a, b in (("km", "kn"), ("mk", "nk"))
+]
+STAGED_CASES = [
+    ("cuda_dense", (10, 6, 9, int(Epilogue.BIAS_ADD_RELU)), {"k_tile": 3}, EVERY_COPY),
+    ("cuda_dense", (16, 16, 16), {"k_tile": 4}, [("float4", "km", "kn"), ("async", "km", "nk")]),
+    ("cuda_batch_matmul", (2, 6, 10, 8, int(Epilogue.BIAS_RELU6)), {"k_tile": 2}, EVERY_COPY),
+    (
+        "cuda_conv2d_gemm",
+        (1, 4, 5, 5, 8, 3, 3, 1, 1, int(Epilogue.BIAS_RELU)),
+        {"tile_m": "2x1x2", "tile_n": "1x1x5", "k_tile": 3},
+        [("scalar", "km", "kn"), ("float4", "mk", "nk")],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "shape", "knobs", "copies"), STAGED_CASES)
+def test_tiles_staged_through_registers_keep_the_result(
+    name: str, shape: tuple[int, ...], knobs: dict[str, object], copies: list[tuple[str, str, str]]
+) -> None:
+    # the staged loads and stores (and the interpreter keeping each thread's registers its
+    # own) give the numpy result
+    space = get_template(name).config_space(shape)
+    for copy, a, b in copies:
+        config = _config(space, **knobs, copy=copy, a_shared=a, b_shared=b, double_buffer="staged")
+        _run(name, shape, config)
+        assert "_shared_reg" in _render(name, shape, config, "k")  # some tile is staged
+
+
+def test_staged_tiles_load_before_the_fmas_and_store_after_them() -> None:
+    # CUTLASS's SIMT mainloop: the next k tile's global loads go into registers before this
+    # tile's FMAs, so a thread's own FMAs hide their latency, and into the other shared half
+    # after them; plain double buffering stores into shared memory before the FMAs
+    shape = (64, 64, 64)
+    space = get_template("cuda_dense").config_space(shape)
+    knobs = {"tile_m": "2x8x4", "tile_n": "2x8x4", "k_tile": 8, "copy": "float4"}
+    staged = _render("cuda_dense", shape, _config(space, **knobs, double_buffer="staged"), "k")
+    plain = _render("cuda_dense", shape, _config(space, **knobs, double_buffer=True), "k")
+    for source, is_staged in ((staged, True), (plain, False)):
+        loop = source[source.index("for (int32_t k_o = 0;") :]
+        first_fma = loop.index("C_acc_local[0] = (C_acc_local[0] +")
+        last_fma = loop.index("C_acc_local[63] = (C_acc_local[63] +")
+        loads = [m.start() for m in re.finditer(r"\*\(const float4 \*\)\((X|W) \+ ", loop)]
+        stores = [m.start() for m in re.finditer(r"[AB]_shared\[[^;]*\] = ", loop)]
+        # a thread's 2 float4 of A and 2 of B: unrolled when staged, a loop of 2 each when not
+        assert len(loads) == (4 if is_staged else 2) and len(stores) >= 2
+        assert all(at < first_fma for at in loads)
+        if is_staged:
+            assert all(at > last_fma for at in stores)
+            assert "float A_shared_reg[8];" in source and "float B_shared_reg[8];" in source
+            assert source.count("__syncthreads()") == 1  # still one barrier a k step
+        else:
+            assert all(at < first_fma for at in stores) and "_reg" not in source
+
+
+def test_staging_applies_only_where_a_tile_is_copied_through_registers() -> None:
+    # cp.async copies need no registers: with both tiles copied so, "staged" is the True
+    # kernel again; with one, the other tile is staged
+    shape = (16, 16, 16)
+    template = get_template("cuda_dense")
+    assert isinstance(template, OpTemplate)
+    space = template.config_space(shape)
+    both = {"copy": "async", "a_shared": "mk", "b_shared": "nk"}
+    assert not template.worth_measuring(shape, _config(space, **both, double_buffer="staged"))
+    same = _render("cuda_dense", shape, _config(space, **both, double_buffer="staged"), "k")
+    assert same == _render("cuda_dense", shape, _config(space, **both, double_buffer=True), "k")
+    one = _config(space, copy="async", a_shared="km", b_shared="nk", double_buffer="staged")
+    source = _render("cuda_dense", shape, one, "k")
+    assert template.worth_measuring(shape, one)
+    assert "A_shared_reg" in source and "B_shared_reg" not in source
+
+
+def test_min_blocks_bounds_the_launch_of_big_blocks_only() -> None:
+    shape = (256, 256, 256)
+    template = get_template("cuda_dense")
+    assert isinstance(template, OpTemplate)
+    space = template.config_space(shape)
+    big = _config(space, tile_m="2x16x4", tile_n="2x16x4", min_blocks=2)  # 256 threads
+    assert template.worth_measuring(shape, big)
+    assert "__global__ void __launch_bounds__(256, 2) k(" in _render("cuda_dense", shape, big, "k")
+    one = _config(space, tile_m="2x16x4", tile_n="2x16x4", min_blocks=1)
+    assert "__launch_bounds__" not in _render("cuda_dense", shape, one, "k")
+    # 128 threads: two blocks leave 256 registers a thread, above ptxas's 255: no cap
+    small = _config(space, tile_m="2x8x4", tile_n="2x16x4", min_blocks=2)
+    assert not template.worth_measuring(shape, small)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_two_blocks_a_multiprocessor_cap_the_registers_ptxas_gives(tmp_path: Path) -> None:
+    # a staged 128 x 128 tile takes ~160 registers (one block of 256 threads a multiprocessor);
+    # __launch_bounds__(256, 2) makes ptxas fit it in 128
+    shape = (2048, 2048, 2048)
+    space = get_template("cuda_dense").config_space(shape)
+    knobs = {"tile_m": "2x16x4", "tile_n": "2x16x4", "k_tile": 16, "copy": "scalar"}
+    src = tmp_path / "k.cu"
+    bodies = [
+        _render("cuda_dense", shape, _config(space, **knobs, double_buffer="staged", min_blocks=b), f"b{b}")
+        .removeprefix(CUDA_PRELUDE)
+        for b in (1, 2)
+    ]  # fmt: skip
+    src.write_text(CUDA_PRELUDE + "\n".join(bodies))
+    assert NVCC is not None
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / "k.o")]
+    cmd.append(str(src))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    used = dict(re.findall(r"entry function '(b\d)'.*?Used (\d+) registers", proc.stderr, re.S))
+    assert int(used["b2"]) <= 128 < int(used["b1"]), used

@@ -8,7 +8,9 @@ import pytest
 from compiler.arith import linear_form
 from compiler.ir import (
     LT,
+    Allocate,
     Buffer,
+    Cast,
     FloatImm,
     FloorDiv,
     FloorMod,
@@ -20,6 +22,7 @@ from compiler.ir import (
     Max,
     Min,
     PrimFunc,
+    Stmt,
     Store,
     Var,
     interpreter,
@@ -96,6 +99,25 @@ def test_interpreter_floor_semantics_guards_and_min_max() -> None:
     expected = (s // 2) * 100 + s % 2
     expected[0] = -7
     np.testing.assert_array_equal(result, expected)
+
+
+def test_a_local_buffer_is_each_gpu_threads_own() -> None:
+    # 4 threads; a nested loop of the same tag runs every thread's share again (a shared tile's
+    # copy), and a "local" register written in one such loop and read in the next must be the
+    # running thread's, as on the GPU: out[t] = 10 t, not 30 for every thread
+    out = Buffer("out", (4,), "float32")
+    reg = Buffer("reg", (1,), "float32", "local")
+    t, t1, t2 = Var("t"), Var("t1"), Var("t2")
+
+    def bound(v: Var, body: Stmt) -> For:
+        return For(v, IntImm(4), ForKind.THREAD_BINDING, body, "threadIdx.x")
+
+    write = bound(t1, Store(reg, IntImm(0), Cast("float32", t1) * 10.0))
+    read = bound(t2, Store(out, t2, Load(reg, IntImm(0))))
+    func = PrimFunc("f", (out,), bound(t, Allocate(reg, seq(write, read))))
+    result = np.zeros(4, np.float32)
+    interpreter.run(func, result)
+    np.testing.assert_array_equal(result, [0.0, 10.0, 20.0, 30.0])
 
 
 def test_float_constants_round_to_their_dtype() -> None:

@@ -52,6 +52,14 @@ measurement of it; `compiler/ops/cuda_gemm.py` has the H100 figures of its prede
   thread's shared stores wait for its global loads before its FMAs start (there is no staging
   through registers), so only other warps hide that latency; with "async" the copies land in
   the background, and the barrier of the next step waits for them.
+  "staged" double-buffers and carries the next tile through registers: a thread issues its
+  global loads before this step's FMAs and stores them into the other half after them
+  (`compiler/lower/double_buffer.py`; CUTLASS's SIMT mainloop), so its own FMAs hide the
+  load latency; a `cp.async` copy is not staged (it needs no registers).
+- `min_blocks`: 2 asks ptxas for two resident blocks a multiprocessor (`__launch_bounds__(T,
+  2)`: at most 65536 / (2 T) registers a thread), trading registers (a staged tile's, the
+  addresses nvcc hoists) for a second block's warps to hide latency; only blocks of more than
+  128 threads are capped by it (else the kernel is the 1 kernel, not worth measuring).
 - `unroll_k`: unroll the k loop of a step, so the shared reads of step k+1 issue during the
   FMAs of step k.
 
@@ -71,6 +79,7 @@ from enum import IntEnum
 import numpy as np
 
 from compiler import te
+from compiler.codegen.cuda import MIN_BLOCKS_PRAGMA
 from compiler.ir import expr as E
 from compiler.ops.base import OpTemplate
 from compiler.ops.conv2d import local_accumulators
@@ -185,8 +194,9 @@ def gemm_knobs(m: int, n: int, k: int, vector_ok: bool) -> list[Knob]:
         Knob("b_shared", ("kn", "nk")),
         Knob("shared_pad", SHARED_PADS),
         Knob("copy", ("float4", "scalar", "async") if vector_ok else ("scalar", "float4", "async")),
-        Knob("double_buffer", (False, True)),
+        Knob("double_buffer", (False, True, "staged")),
         Knob("unroll_k", (True, False)),
+        Knob("min_blocks", (1, 2)),
     ]
 
 
@@ -209,6 +219,27 @@ def async_anywhere(p: GemmProblem, config: Config) -> bool:
     tm, tn = gemm_tiles(p, config)
     return async_copy_ok(p.a, config["a_shared"] == "km", tm.block, config) or async_copy_ok(
         p.b, config["b_shared"] == "kn", tn.block, config
+    )
+
+
+def caps_registers(config: Config) -> bool:
+    """Whether `min_blocks` blocks of the config's threads leave a thread under 255 registers."""
+    threads = AxisTile.parse(config["tile_m"]).threads * AxisTile.parse(config["tile_n"]).threads
+    return REGISTER_FILE // (int(config["min_blocks"]) * threads) < MAX_THREAD_REGISTERS
+
+
+REGISTER_FILE = 65536  # 32-bit registers a multiprocessor (sm_50 to sm_90)
+MAX_THREAD_REGISTERS = 255
+
+
+def staged_anywhere(p: GemmProblem, config: Config) -> bool:
+    """Whether double_buffer "staged" stages A's or B's tile (a `cp.async` copy is not staged)."""
+    if config["copy"] != "async":
+        return True
+    tm, tn = gemm_tiles(p, config)
+    return not (
+        async_copy_ok(p.a, config["a_shared"] == "km", tm.block, config)
+        and async_copy_ok(p.b, config["b_shared"] == "kn", tn.block, config)
     )
 
 
@@ -342,6 +373,8 @@ def schedule_gemm(p: GemmProblem, config: Config, out: Tensor) -> Schedule:
     for ax in (vm, vn, rm):
         st.unroll(ax)
     # a thread's 4 consecutive outputs as one 128-bit store where the renderer proves it aligned
+    if int(config["min_blocks"]) > 1:
+        st.pragma(gm, MIN_BLOCKS_PRAGMA, int(config["min_blocks"]))
     if tn.reg % 4 == 0:
         st.vectorize(rn)
     else:
@@ -395,7 +428,7 @@ def _schedule_copy(
     if pad % factor:
         s.storage_align(d0, factor, pad % factor)
     if config["double_buffer"]:
-        s.double_buffer()
+        s.double_buffer(stage_registers=config["double_buffer"] == "staged")
     s.reorder(*lead, other, inner)
     lanes: IterVar | None = None
     if config["copy"] != "scalar":
@@ -526,6 +559,10 @@ class GemmTemplateBase(ReshapedArgsTemplate):
         p = self.problem(shape, self.gemm_inputs(shape))
         if config["copy"] == "async" and not async_anywhere(p, config):
             return False
+        if config["double_buffer"] == "staged" and not staged_anywhere(p, config):
+            return False  # both tiles copy by cp.async: the True kernel again
+        if config["min_blocks"] > 1 and not caps_registers(config):
+            return False  # the cap is above ptxas's 255 registers: the min_blocks=1 kernel
         return gemm_worth_measuring(p.m, p.n, config)
 
     def tensors(self, shape: tuple[int, ...], config: Config | None) -> list[Tensor]:
