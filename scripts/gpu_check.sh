@@ -207,6 +207,7 @@ agent_flow() {
   # the ready file means serving; the pool sees the device once the agent has registered
   if wait_for "$apid" "$dir/agent.ready" . && wait_for "$apid" "$dir/agent.log" "registered with tracker"; then
     echo "agent flow: tracker $addr, agent pid $apid ${env_[*]}"
+    "$PY" -m kiln devices --tracker "$addr" --token-file "$dir/pool.secrets"
     timeout 120 "$PY" -m kiln tune-op dense --shape 1024,1024,1024 --tracker "$addr" --key gpu \
       --token-file "$dir/pool.secrets" --trials 8 --records "$dir/records.jsonl" "${check[@]}"
     rc=$?
@@ -218,6 +219,13 @@ agent_flow() {
   kill "$apid" "$tpid" 2>/dev/null
   wait "$apid" "$tpid" 2>/dev/null
   echo "agent flow: the agent's log ends:"; tail -8 "$dir/agent.log"
+  # what failed, if anything: the records (their errors) and the agent's log come back
+  for f in "$dir"/*.jsonl; do
+    [ -e "$f" ] || continue
+    "$PY" -m kiln records summary "$f" | head -30
+    [ -n "${OUT:-}" ] && cp "$f" "$OUT/flow_$(basename "$f")"
+  done
+  [ -n "${OUT:-}" ] && cp "$dir/agent.log" "$OUT/flow_agent.log"
   rm -rf "$dir"
   return $rc
 }

@@ -372,9 +372,9 @@ def schedule_gemm(p: GemmProblem, config: Config, out: Tensor) -> Schedule:
         st.bind(ax, tag)
     for ax in (vm, vn, rm):
         st.unroll(ax)
-    # a thread's 4 consecutive outputs as one 128-bit store where the renderer proves it aligned
     if int(config["min_blocks"]) > 1:
         st.pragma(gm, MIN_BLOCKS_PRAGMA, int(config["min_blocks"]))
+    # a thread's 4 consecutive outputs as one 128-bit store where the renderer proves it aligned
     if tn.reg % 4 == 0:
         st.vectorize(rn)
     else:
