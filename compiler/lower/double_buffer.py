@@ -30,10 +30,11 @@ hide that latency. A staged fill is cut in two around the use, as CUTLASS's SIMT
 not bound to threads), indexed by them row-major; those loops are unrolled, so register
 promotion keeps `reg` in registers (a vectorized lane loop stays a vector slot). Still one
 barrier an iteration: half (i + 1) % 2 was last read in use(i - 1), before this iteration's
-barrier, and the next barrier orders the stores before use(i + 1). A fill that is not one
-loop nest around one store (an intrinsic's copy such as `cp.async`, which is already
-asynchronous), or whose own loops have a variable extent or more than MAX_STAGED elements, is
-prefetched as above, unstaged.
+barrier, and the next barrier orders the stores before use(i + 1). Each Store of a fill (a
+partitioned copy has a main part and a tail) gets its own run of `reg`. A fill that is not
+loops, guards and sequences around Stores into its buffer (an intrinsic's copy such as
+`cp.async`, which is already asynchronous), or whose own loops have a variable extent or hold
+more than MAX_STAGED elements, is prefetched as above, unstaged.
 """
 
 from __future__ import annotations
