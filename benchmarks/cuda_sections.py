@@ -220,14 +220,16 @@ def _gemm_workload(
     return Workload(f"{n}", 2.0 * n**3, [bx, bw], out, want, peer, tol, [ref])
 
 
-# Register tilings of 128x128 and 64x128 blocks (256 and 128 threads, 32 to 64 accumulators):
-# the shapes of the fastest SIMT GEMMs (CUTLASS's, and compiler/ops/cuda_gemm.py's best on an
-# H100), tried before the random draws.
+# Register tilings of 128x128, 64x128 and 128x64 blocks (256 and 128 threads, 32 to 64
+# accumulators): the shapes of the fastest SIMT GEMMs (CUTLASS's, and compiler/ops/cuda_gemm.py's
+# best on an H100), tried before the random draws; the last was 1024³'s best on an H100
+# (2026-11-27, 200 configs, staged).
 DENSE_PRESET_TILES = (
     ("2x16x4", "2x16x4"),
     ("1x16x8", "1x16x8"),
     ("2x8x4", "2x16x4"),
     ("2x16x4", "2x8x4"),
+    ("2x8x8", "2x16x2"),
 )
 DENSE_PRESET_LAYOUTS = (("km", "kn", "float4"), ("mk", "nk", "async"))
 # then the k-major tiles (the transposing copies cp.async cannot make) staged through
