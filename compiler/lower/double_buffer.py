@@ -145,17 +145,20 @@ class _Accesses(StmtMutator):
         return s
 
 
-def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | None:
-    """(one fill per buffer in `allocs`' order of filling, the statements that use them), or
-    None when the innermost body is not fills then uses."""
+def _fills_and_use(
+    allocs: list[Allocate],
+) -> tuple[list[tuple[Allocate, Stmt]], list[Stmt]] | None:
+    """(each fill with the allocation it fills, in the order of filling; the statements that use
+    them), or None when the innermost body is not fills then uses."""
     inner = allocs[-1].body
     if not isinstance(inner, Seq) or len(inner.stmts) < 2:
         return None
     stmts = list(inner.stmts)
+    fills: list[tuple[Allocate, Stmt]]
     if len(allocs) == 1:  # one buffer: its fill is the first statement
-        fills, rest = [stmts[0]], stmts[1:]
+        fills, rest = [(allocs[0], stmts[0])], stmts[1:]
     else:
-        buffers = {a.buffer for a in allocs}
+        by_buffer = {a.buffer: a for a in allocs}
         filled: set[Buffer] = set()
         fills, rest = [], []
         for k, st in enumerate(stmts):
@@ -168,13 +171,14 @@ def _fills_and_use(allocs: list[Allocate]) -> tuple[list[Stmt], list[Stmt]] | No
             acc.visit(st)
             if (
                 len(acc.stored) != 1
-                or not acc.stored <= buffers
+                or not acc.stored <= by_buffer.keys()
                 or acc.stored & filled
-                or acc.loaded & buffers
+                or acc.loaded & by_buffer.keys()
             ):
                 return None
             filled |= acc.stored
-            fills.append(st)
+            (buf,) = acc.stored
+            fills.append((by_buffer[buf], st))
         if len(fills) != len(allocs) or not rest:
             return None
     while rest and isinstance(rest[0], Barrier):
@@ -254,17 +258,19 @@ def _stage(fill: Stmt, target: Buffer) -> tuple[Stmt, Stmt, Buffer] | None:
     return to_reg.visit(halves[0]), to_reg.visit(halves[1]), reg
 
 
-def _transform(loop: For, allocs: list[Allocate], fills: list[Stmt], rest: list[Stmt]) -> Stmt:
+def _transform(
+    loop: For, allocs: list[Allocate], fills: list[tuple[Allocate, Stmt]], rest: list[Stmt]
+) -> Stmt:
     assert isinstance(loop.extent, E.IntImm)
     i, n = loop.var, loop.extent.value
-    prologue, use = seq(*fills), seq(*rest)
+    prologue, use = seq(*(fill for _, fill in fills)), seq(*rest)
     prologue = substitute_stmt(prologue, {i: E.IntImm(0)})
     # the next iteration's fills: straight into shared memory, or loads now and stores after use
     direct: list[Stmt] = []
     loads: list[Stmt] = []
     stores: list[Stmt] = []
     staging: list[Buffer] = []
-    for alloc, fill in zip(_fill_order(allocs, fills), fills, strict=True):
+    for alloc, fill in fills:
         staged = _stage(fill, alloc.buffer) if alloc.stage_registers else None
         if staged is None:
             direct.append(fill)
@@ -298,18 +304,6 @@ def _transform(loop: For, allocs: list[Allocate], fills: list[Stmt], rest: list[
     for new in reversed(doubled):
         out = Allocate(new, out)
     return out
-
-
-def _fill_order(allocs: list[Allocate], fills: list[Stmt]) -> list[Allocate]:
-    """The allocation each fill stores into, in the fills' order."""
-    by_buffer = {a.buffer: a for a in allocs}
-    order = []
-    for fill in fills:
-        acc = _Accesses()
-        acc.visit(fill)
-        (buf,) = acc.stored & set(by_buffer) or {allocs[0].buffer}
-        order.append(by_buffer[buf])
-    return order
 
 
 def double_buffer(func: PrimFunc) -> PrimFunc:

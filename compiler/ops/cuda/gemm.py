@@ -222,14 +222,14 @@ def async_anywhere(p: GemmProblem, config: Config) -> bool:
     )
 
 
+REGISTER_FILE = 65536  # 32-bit registers a multiprocessor (sm_50 to sm_90)
+MAX_THREAD_REGISTERS = 255
+
+
 def caps_registers(config: Config) -> bool:
     """Whether `min_blocks` blocks of the config's threads leave a thread under 255 registers."""
     threads = AxisTile.parse(config["tile_m"]).threads * AxisTile.parse(config["tile_n"]).threads
     return REGISTER_FILE // (int(config["min_blocks"]) * threads) < MAX_THREAD_REGISTERS
-
-
-REGISTER_FILE = 65536  # 32-bit registers a multiprocessor (sm_50 to sm_90)
-MAX_THREAD_REGISTERS = 255
 
 
 def staged_anywhere(p: GemmProblem, config: Config) -> bool:
