@@ -6,10 +6,11 @@
    at the end), with the records in `--records` or a temporary file.
 3. Build the model twice, with the builder's default configs (untuned) and with the best
    recorded configs (tuned), and run the tuned build on the pool's device: its outputs are
-   checked against onnxruntime's (1e-4 of the output's scale) and its latency is timed there.
-4. With the pool stopped, time the untuned build, the tuned build and onnxruntime (one intra-op
-   thread) in this process on one core, interleaved in rounds (`versus_onnxruntime`, the path
-   `benchmarks/models.py` times with), and print the table.
+   checked against onnxruntime's (1e-4 of the output's scale).
+4. Time the untuned build, the tuned build and onnxruntime (one intra-op thread) in this process
+   on one core, interleaved in rounds (`versus_onnxruntime`, the path `benchmarks/models.py`
+   times with), the device's timing of the tuned build taking its turn in each round, and print
+   the table.
 
 With `--cores SET` the local device runs on that core set: tuning and both builds are for as many
 threads as the set has cores, and the agent's figure is on them (the in-process rows stay on one
@@ -19,10 +20,12 @@ core).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     import onnx
 
     from compiler.graph.build_model import ModelArtifact
+    from tuner.measure.pool_runner import PoolRunner
     from tuner.network.timing import VersusOrt
 
 # ResNet-18's warm-up round (8 trials for each of its 16 tasks), then one confirmation each: a
@@ -107,14 +111,46 @@ def _proto(args: argparse.Namespace) -> onnx.ModelProto:
 
 
 def time_builds(
-    proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray], builds: Mapping[str, ModelArtifact]
+    proto: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    builds: Mapping[str, ModelArtifact],
+    timers: Sequence[tuple[str, Callable[[], float]]] = (),
 ) -> VersusOrt:
     """The demo's timing of its builds against onnxruntime: `versus_onnxruntime`, the path
     `benchmarks/models.py` times with too, at the demo's rounds (`benchmarks/models.py
-    --check-demo` compares the two on one build)."""
+    --check-demo` compares the two on one build); `timers` (the device's timing of the tuned
+    build) take their turn in the same rounds."""
     from tuner.network.timing import versus_onnxruntime
 
-    return versus_onnxruntime(proto, feeds, builds, ROUNDS, MIN_ROUND_S, RTOL)
+    return versus_onnxruntime(proto, feeds, builds, ROUNDS, MIN_ROUND_S, RTOL, timers=timers)
+
+
+def device_timer(
+    runner: PoolRunner, model: ModelArtifact, min_round_s: float = MIN_ROUND_S
+) -> Callable[[], float]:
+    """One round of the device's timing of `model`, taken as this process takes its own
+    (`loop_seconds`): one warm-up call, then the mean of back-to-back calls over at least
+    `min_round_s`, no cache sweep. Seconds per call; NaN for a round that failed (the figure is
+    the median of the others). Tuning's evaluator (ten single calls after a 64 MiB sweep, the
+    median) read 4-7% under the in-process figure on a Xeon VM: another method, not a slower
+    device."""
+    from compiler.graph.build_model import MODEL_ENTRY
+
+    evaluator = dataclasses.replace(
+        runner.evaluator,
+        warmup=1,
+        number=1,
+        repeat=1,
+        min_repeat_ms=min_round_s * 1e3,
+        cooldown_ms=0.0,
+        flush_cache_bytes=0,
+    )
+
+    def timed() -> float:
+        lat = runner.measure_entry(model.artifact, MODEL_ENTRY, evaluator)
+        return lat.median_s if lat.ok else math.nan
+
+    return timed
 
 
 def cmd_model_demo(args: argparse.Namespace) -> int:
@@ -156,15 +192,19 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
         configs = configs_from_records(graph, store, target, pool.threads)
         untuned = build_model(graph, None, target, pool.threads)
         tuned = build_model(graph, configs, target, pool.threads)
+        runner = stack.enter_context(closing(pool.runner()))
         try:
-            on_device = run_model(tuned, feeds, stack.enter_context(closing(pool.runner())))
+            on_device = run_model(tuned, feeds, runner)
         except (ModelRunError, NoDeviceError) as exc:
             raise CliError(f"running the tuned build on the pool: {exc}") from None
-    builds = {"untuned": untuned, "tuned": tuned}
-    try:
-        times = time_builds(proto, feeds, builds)
-    except OutputMismatch as exc:
-        raise CliError(str(exc)) from None
+        builds = {"untuned": untuned, "tuned": tuned}
+        # the device's figure is taken in the same rounds as this process's, not before them:
+        # on a shared host a spell of minutes would otherwise split the two (seen: 14% apart)
+        agent = [("agent", device_timer(runner, tuned))] if on_device.latency.ok else []
+        try:
+            times = time_builds(proto, feeds, builds, agent)
+        except OutputMismatch as exc:
+            raise CliError(str(exc)) from None
     why = output_mismatch(list(on_device.outputs), times.reference, RTOL)
     if why is not None:
         raise CliError(f"the tuned build's outputs on the device differ from onnxruntime's: {why}")
@@ -175,20 +215,26 @@ def cmd_model_demo(args: argparse.Namespace) -> int:
     rows = [[labels[k], f"{times.median_s(k) * 1e3:.2f}", f"{times.ratio(k):.2f}x"] for k in builds]
     rows.append(["onnxruntime (1 thread)", f"{times.ort_s * 1e3:.2f}", "1.00x"])
     lat = on_device.latency
-    if lat.ok:  # the same tuned build, timed by the agent's own loop on its device
+    agent_s = times.timed_s("agent")
+    if agent_s is not None:  # the same tuned build, timed by the agent's own loop on its device
         rows.append(
             [
                 f"kiln, tuned, timed by the agent ({on_device.device_id})",
-                f"{lat.median_s * 1e3:.2f}",
-                f"{times.ort_s / lat.median_s:.2f}x",
+                f"{agent_s * 1e3:.2f}",
+                f"{times.ort_s / agent_s:.2f}x",
             ]
         )
     print()
     print(table.render(["build", "latency ms", "onnxruntime / this"], rows))
-    device_ms = f"{lat.median_s * 1e3:.2f} ms" if lat.ok else f"failed ({lat.status.value})"
+    device_ms = (
+        f"{agent_s * 1e3:.2f} ms"
+        if agent_s is not None
+        else f"failed ({lat.status.value if not lat.ok else 'in every timing round'})"
+    )
     print(
-        f"(one core, medians of {ROUNDS} interleaved rounds in this process; outputs of both "
-        f"builds match onnxruntime within {RTOL:g} of scale)\n"
+        f"(one core, medians of {ROUNDS} interleaved rounds in this process, the agent's "
+        f"timing taking its turn in each; outputs of both builds match onnxruntime within "
+        f"{RTOL:g} of scale)\n"
         f"tuning: {result.trials} trials in {tune_s:.0f} s over {len(result.tasks)} tasks"
         f"{f', {len(skipped)} not tunable' if skipped else ''}; the tuned build on device "
         f"{on_device.device_id}: outputs match, {device_ms}; workspace "

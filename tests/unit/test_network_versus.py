@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 import benchmarks.models as bench
 import kiln.cli.demo as demo
 from compiler.frontend.onnx import from_onnx
-from compiler.graph.build_model import ModelArtifact, build_model
+from compiler.graph.build_model import MODEL_ENTRY, ModelArtifact, build_model
+from tuner.measure.result import EvaluatorConfig
 from tuner.network import timing
 from tuner.network.timing import OutputMismatch, versus_onnxruntime
 
@@ -102,3 +103,62 @@ def bench_defaults(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     with pytest.raises(SystemExit):
         bench.main(["--models", "bert_tiny"])
     return seen
+
+
+def test_a_device_timer_takes_its_turn_in_every_round_and_a_failed_round_is_left_out(
+    built: tuple[onnx.ModelProto, ModelArtifact, ModelArtifact], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's agent figure is timed in the same rounds as this process's (in the order of
+    the others, reversed every other round), not in a block before them."""
+    proto, good, _ = built
+    events: list[str] = []
+    real_loop = timing.loop_seconds
+
+    def spy(call: Any, min_round_s: float) -> float:
+        events.append("loop")
+        return real_loop(call, min_round_s)
+
+    answers = iter([2e-3, float("nan"), 4e-3])
+
+    def device() -> float:
+        events.append("device")
+        return next(answers)
+
+    monkeypatch.setattr(timing, "loop_seconds", spy)
+    result = versus_onnxruntime(proto, FEEDS, {"a": good}, 3, 0.0, 1e-4, timers=[("agent", device)])
+    round_ = ["loop", "loop", "device"]
+    assert events == round_ + round_[::-1] + round_
+    assert set(result.ours) == {"a"} and len(result.ort) == 3
+    assert result.timed["agent"][0] == 2e-3 and result.timed["agent"][2] == 4e-3
+    assert result.timed_s("agent") == pytest.approx(3e-3)  # the NaN round left out
+    assert result.timed_s("missing") is None
+
+
+def test_the_demo_device_timer_times_as_this_process_does_and_a_failed_round_is_nan() -> None:
+    """The agent's round is a loop of back-to-back calls over the demo's round length, without
+    the cold sweep tuning uses (`loop_seconds`' method): the two figures are one method."""
+
+    class Latency:
+        def __init__(self, ok: bool) -> None:
+            self.ok, self.median_s = ok, 5e-3
+
+    class Runner:
+        evaluator = EvaluatorConfig(repeat=10, min_repeat_ms=0.0, flush_cache_bytes=64 << 20)
+
+        def __init__(self) -> None:
+            self.oks = iter([True, False])
+            self.asked: list[tuple[str, EvaluatorConfig]] = []
+
+        def measure_entry(self, art: Any, symbol: str, evaluator: EvaluatorConfig) -> Latency:
+            self.asked.append((symbol, evaluator))
+            return Latency(next(self.oks))
+
+    runner = Runner()
+    model = build_model(from_onnx(mlp(0)))
+    timer = demo.device_timer(runner, model, min_round_s=0.2)  # type: ignore[arg-type]
+    assert timer() == 5e-3
+    assert np.isnan(timer())
+    assert [symbol for symbol, _ in runner.asked] == [MODEL_ENTRY, MODEL_ENTRY]
+    ev = runner.asked[0][1]
+    assert (ev.warmup, ev.repeat, ev.min_repeat_ms, ev.flush_cache_bytes) == (1, 1, 200.0, 0)
+    assert ev.cooldown_ms == 0 and ev.timeout_s == Runner.evaluator.timeout_s

@@ -281,8 +281,11 @@ class PoolRunner:
         outputs = tuple(_ndarray(o) for o in msg.outputs)
         return RunOutput(status, outputs, msg.error, device.device_id)
 
-    def measure_entry(self, art: Artifact, symbol: str) -> MeasureResult:
-        """Time `symbol` of `art` on the leased device (inputs made there) with `evaluator`.
+    def measure_entry(
+        self, art: Artifact, symbol: str, evaluator: EvaluatorConfig | None = None
+    ) -> MeasureResult:
+        """Time `symbol` of `art` on the leased device (inputs made there) with `evaluator`
+        (default: this runner's).
 
         Raises:
             NoDeviceError: no device could be leased.
@@ -291,15 +294,17 @@ class PoolRunner:
         failed = self._ensure_uploaded(lease, art)
         if failed is not None:
             return failed
-        msg, failed = self._measure_rpc(lease, art, symbol)
+        msg, failed = self._measure_rpc(lease, art, symbol, evaluator=evaluator)
         if msg is None:
             assert failed is not None
             return failed
-        return self._mode(serde.measure_result(msg))
+        return self._mode(serde.measure_result(msg), evaluator)
 
-    def _mode(self, result: MeasureResult) -> MeasureResult:
-        """`result`, marked `cold` when this runner's evaluator sweeps the caches."""
-        if self.evaluator.flush_cache_bytes > 0:
+    def _mode(
+        self, result: MeasureResult, evaluator: EvaluatorConfig | None = None
+    ) -> MeasureResult:
+        """`result`, marked `cold` when the evaluator it was timed with sweeps the caches."""
+        if (evaluator or self.evaluator).flush_cache_bytes > 0:
             return dataclasses.replace(result, cold=True)
         return result
 
@@ -562,8 +567,10 @@ class PoolRunner:
         art: Artifact,
         symbol: str = "",
         reference: Reference | None = None,
+        evaluator: EvaluatorConfig | None = None,
     ) -> tuple[common_pb2.MeasureResult | None, MeasureResult | None]:
         """(the agent's answer, None) or (None, the failure when the call itself failed)."""
+        ev = evaluator or self.evaluator
         device = lease.device
         check = None
         if reference is not None:
@@ -580,13 +587,13 @@ class PoolRunner:
             artifact_sha256=art.sha256,
             symbol=symbol or art.entries[0].symbol,
             seed=0,
-            config=serde.evaluator_config(self.evaluator),
+            config=serde.evaluator_config(ev),
             check=check,
         )
         try:
             msg = self._agent(device.agent_address).Measure(
                 req,
-                timeout=self.evaluator.timeout_s + MEASURE_RPC_SLACK_S,
+                timeout=ev.timeout_s + MEASURE_RPC_SLACK_S,
                 metadata=self._metadata,
             )
         except grpc.RpcError as exc:

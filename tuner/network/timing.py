@@ -16,6 +16,8 @@ share (one core, session made there, outputs checked, interleaved rounds).
 from __future__ import annotations
 
 import ctypes
+import functools
+import math
 import os
 import statistics
 import tempfile
@@ -184,15 +186,24 @@ def loop_seconds(call: Callable[[], object], min_round_s: float) -> float:
 
 
 def interleaved_rounds(
-    calls: Sequence[tuple[str, Callable[[], object]]], rounds: int, min_round_s: float
+    calls: Sequence[tuple[str, Callable[[], object]]],
+    rounds: int,
+    min_round_s: float,
+    timers: Sequence[tuple[str, Callable[[], float]]] = (),
 ) -> dict[str, list[float]]:
     """Seconds per call of each labelled call, one `loop_seconds` per round: `rounds` rounds
     timing every call, the order reversed every other round so none always follows the same
-    neighbour (what every peer comparison here does)."""
-    times: dict[str, list[float]] = {label: [] for label, _ in calls}
+    neighbour (what every peer comparison here does). `timers` take their turn in the same
+    rounds but time themselves: each returns seconds per call measured elsewhere (a device's
+    own loop), so a figure from another process meets the same spells of a noisy host."""
+    entries: list[tuple[str, Callable[[], float]]] = [
+        (label, functools.partial(loop_seconds, call, min_round_s)) for label, call in calls
+    ]
+    entries += timers
+    times: dict[str, list[float]] = {label: [] for label, _ in entries}
     for round_ in range(rounds):
-        for label, call in calls if round_ % 2 == 0 else calls[::-1]:
-            times[label].append(loop_seconds(call, min_round_s))
+        for label, timer in entries if round_ % 2 == 0 else entries[::-1]:
+            times[label].append(timer())
     return times
 
 
@@ -216,6 +227,12 @@ class VersusOrt:
     core: int
     reference: list[np.ndarray] = field(default_factory=list)
     natives: dict[str, NativeModel] = field(default_factory=dict)
+    timed: dict[str, list[float]] = field(default_factory=dict)
+
+    def timed_s(self, label: str) -> float | None:
+        """The median of a timer's finite rounds (None: it measured nothing)."""
+        finite = [t for t in self.timed.get(label, []) if math.isfinite(t) and t > 0]
+        return statistics.median(finite) if finite else None
 
     def median_s(self, label: str) -> float:
         return statistics.median(self.ours[label])
@@ -250,9 +267,11 @@ def versus_onnxruntime(
     min_round_s: float,
     rtol: float,
     core: int | None = None,
+    timers: Sequence[tuple[str, Callable[[], float]]] = (),
 ) -> VersusOrt:
     """Time `builds` against onnxruntime the one way `kiln demo` and `benchmarks/models.py` both
-    do, so the same build gives the same ratio in both.
+    do, so the same build gives the same ratio in both; `timers` (the demo's device timing of
+    its tuned build) take their turn in the same rounds (`interleaved_rounds`).
 
     Everything happens on one core (`one_core`): onnxruntime's session is created there, each
     build loaded there, every output checked against onnxruntime's (OutputMismatch), then
@@ -274,6 +293,7 @@ def versus_onnxruntime(
             *((label, native.call) for label, native in natives.items()),
             ("onnxruntime", peer.call),
         ]
-        times = interleaved_rounds(calls, rounds, min_round_s)
+        times = interleaved_rounds(calls, rounds, min_round_s, timers)
     ort = times.pop("onnxruntime")
-    return VersusOrt(times, ort, pinned, reference, natives)
+    timed = {label: times.pop(label) for label, _ in timers}
+    return VersusOrt(times, ort, pinned, reference, natives, timed)
