@@ -131,9 +131,9 @@ def device_timer(
     """One round of the device's timing of `model`, taken as this process takes its own
     (`loop_seconds`): one warm-up call, then the mean of back-to-back calls over at least
     `min_round_s`, no cache sweep. Seconds per call; NaN for a round that failed (the figure is
-    the median of the others). Tuning's evaluator (ten single calls after a 64 MiB sweep, the
-    median) read 4-7% under the in-process figure on a Xeon VM: another method, not a slower
-    device."""
+    the median of the others). On a noisy Xeon VM the agent's figure read 1-3% under the
+    in-process one in quiet runs and 7-8% under in slow spells this way, and 4-7% under with
+    tuning's evaluator (ten single calls after a 64 MiB sweep) in the same rounds."""
     from compiler.graph.build_model import MODEL_ENTRY
 
     evaluator = dataclasses.replace(
