@@ -33,12 +33,15 @@ def template(name: str) -> OpTemplate:
     return t
 
 
-def build_candidate(name: str, shape: tuple[int, ...], index: int) -> tuple[int, str, str]:
-    """(index, path of the shared object, error text); runs in a worker process."""
+def build_candidate(
+    name: str, shape: tuple[int, ...], index: int, target: str = "host"
+) -> tuple[int, str, str]:
+    """(index, path of the shared object, error text) of the candidate built for `target`; runs
+    in a worker process."""
     try:
         t = template(name)
         sch, args = t.instantiate(shape, t.config_space(shape).get(index))
-        so = compile_shared(build_source(sch, args, "kernel"))
+        so = compile_shared(build_source(sch, args, "kernel", target), target)
     except Exception as exc:  # a candidate that fails to build is a result, not the end
         return index, "", f"{type(exc).__name__}: {exc}"
     return index, str(so.path), ""
