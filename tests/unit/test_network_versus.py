@@ -134,6 +134,15 @@ def test_a_device_timer_takes_its_turn_in_every_round_and_a_failed_round_is_left
     assert result.timed_s("missing") is None
 
 
+def test_a_timer_named_like_a_build_is_refused_before_any_timing() -> None:
+    ran: list[str] = []
+    with pytest.raises(ValueError, match="labels must be unique"):
+        timing.interleaved_rounds(
+            [("tuned", lambda: ran.append("call"))], 3, 0.0, [("tuned", lambda: 1.0)]
+        )
+    assert ran == []
+
+
 def test_the_demo_device_timer_times_as_this_process_does_and_a_failed_round_is_nan() -> None:
     """The agent's round is a loop of back-to-back calls over the demo's round length, without
     the cold sweep tuning uses (`loop_seconds`' method): the two figures are one method."""

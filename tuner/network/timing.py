@@ -200,6 +200,9 @@ def interleaved_rounds(
         (label, functools.partial(loop_seconds, call, min_round_s)) for label, call in calls
     ]
     entries += timers
+    labels = [label for label, _ in entries]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels must be unique, got {labels}")
     times: dict[str, list[float]] = {label: [] for label, _ in entries}
     for round_ in range(rounds):
         for label, timer in entries if round_ % 2 == 0 else entries[::-1]:
