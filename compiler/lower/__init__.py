@@ -1,8 +1,8 @@
 """Lowering: from a schedule to a loop-IR PrimFunc, in TVM's pass order.
 
 bound inference (bound.py) -> loop nest with tensorize (loop_nest.py, tensorize.py) -> storage
-flatten -> simplify -> loop partition -> vectorize -> double buffering -> unroll -> register
-promotion -> simplify -> intrinsics -> make-API. `lower` runs them all; `PASSES` lists them so
+flatten -> simplify -> prefetch -> loop partition -> vectorize -> double buffering -> unroll ->
+register promotion -> simplify -> intrinsics -> make-API. `lower` runs them all; `PASSES` lists them so
 tests can run a prefix. Register promotion (promote.py) comes right after unroll rather than
 before it as in TVM: it decides on the replicated code, whose offsets are constant (see there).
 Virtual threads (vthread.py) are lowered on the accelerator's path only
@@ -20,6 +20,7 @@ from compiler.lower.intrinsics import lower_intrinsics
 from compiler.lower.loop_nest import build_loop_nest
 from compiler.lower.make_api import make_api
 from compiler.lower.partition import partition
+from compiler.lower.prefetch import prefetch
 from compiler.lower.promote import promote_registers
 from compiler.lower.simplify import simplify_pass
 from compiler.lower.unroll import unroll
@@ -32,6 +33,7 @@ Pass = Callable[[PrimFunc], PrimFunc]
 PASSES: tuple[tuple[str, Pass], ...] = (
     ("flatten", flatten),
     ("simplify", simplify_pass),
+    ("prefetch", prefetch),
     ("partition", partition),
     ("vectorize", vectorize),
     ("double_buffer", double_buffer),

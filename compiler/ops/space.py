@@ -14,10 +14,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Knob:
-    """A tuning knob: `name` and its distinct candidate values, in a fixed order."""
+    """A tuning knob: `name` and its distinct candidate values, in a fixed order.
+
+    `added_later` marks a knob added to a template after configs were written without it
+    (kernels_best.json, a user's notes): `index_of` then takes its first choice, which must be
+    the template's behaviour before the knob, for a config that does not name it.
+    """
 
     name: str
     choices: tuple[Any, ...]
+    added_later: bool = False
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -79,14 +85,16 @@ class ConfigSpace:
         return Config({k.name: values[k.name] for k in self._knobs}, index)
 
     def index_of(self, values: Mapping[str, Any]) -> int:
-        """The index of the config with these knob values; raises ValueError if there is none."""
+        """The index of the config with these knob values (a knob `added_later` may be left
+        out: its first choice); raises ValueError if there is none."""
         index = 0
         for knob in self._knobs:
-            if knob.name not in values:
+            if knob.name not in values and not knob.added_later:
                 raise ValueError(f"no value for knob {knob.name}")
-            if values[knob.name] not in knob.choices:
-                raise ValueError(f"{values[knob.name]!r} is not a choice of knob {knob.name}")
-            index = index * len(knob.choices) + knob.choices.index(values[knob.name])
+            value = values.get(knob.name, knob.choices[0])
+            if value not in knob.choices:
+                raise ValueError(f"{value!r} is not a choice of knob {knob.name}")
+            index = index * len(knob.choices) + knob.choices.index(value)
         return index
 
     def __repr__(self) -> str:

@@ -23,6 +23,22 @@ from compiler.schedule.intrin import TensorIntrin
 from compiler.te.rewrite import rewrite
 from compiler.te.tensor import ComputeOp, IterKind, IterVar, Reduce, Tensor, TensorLoad
 
+PREFETCH_PRAGMA = "prefetch"  # a loop's pragma whose value is a PrefetchSpec (lower/prefetch.py)
+
+
+@dataclass(frozen=True)
+class PrefetchSpec:
+    """What a loop prefetches (`Stage.prefetch`): the reads of input `tensor` that iteration
+    i + `offset` makes, at the start of iteration i, or each iteration of the inner loops
+    `spread` (outermost first) its share of them; `locality` is __builtin_prefetch's (3: every cache level, 2:
+    L2 and out, 1: L3 and out, 0: no temporal reuse)."""
+
+    tensor: str
+    offset: int
+    spread: tuple[E.Var, ...]
+    locality: int
+
+
 THREAD_TAGS = frozenset(
     {f"{kind}.{d}" for kind in ("blockIdx", "threadIdx", "vthread") for d in "xyz"}
 )
@@ -226,6 +242,38 @@ class Stage:
         if not key.isidentifier():
             raise ScheduleError(f"stage {self.name}: pragma {key!r} on axis {axis.name}")
         self.pragmas.setdefault(axis, []).append((key, value))
+
+    def prefetch(
+        self,
+        tensor: Tensor,
+        axis: IterVar,
+        offset: int = 1,
+        spread: Sequence[IterVar] = (),
+        locality: int = 3,
+    ) -> None:
+        """Prefetch, in each iteration of loop `axis`, what iteration `offset` ahead reads of
+        input `tensor` (TVM's `prefetch`): all at the iteration's start or, with `spread` (loops
+        nested inside `axis`, outermost first: this stage's or those of stages computed inside
+        it), a share at the start of each iteration of the innermost. What is read is found
+        when lowering (lower/prefetch.py): the reads of `tensor` in the loop's body."""
+        pos = self._leaf_position(axis, "prefetch")
+        for loop in spread:
+            mine = [i for i, leaf in enumerate(self.leaf_iter_vars) if leaf is loop]
+            if mine and mine[0] <= pos:
+                raise ScheduleError(
+                    f"stage {self.name}: prefetch spread over {loop.name}, which is not inside "
+                    f"{axis.name}"
+                )
+        if offset < 1:
+            raise ScheduleError(f"stage {self.name}: prefetch offset must be >= 1, got {offset}")
+        if locality not in (0, 1, 2, 3):
+            raise ScheduleError(f"stage {self.name}: prefetch locality must be 0-3, got {locality}")
+        if isinstance(tensor.op, ComputeOp):
+            raise ScheduleError(
+                f"stage {self.name}: prefetch of {tensor.name}, which is computed, not an input"
+            )
+        spec = PrefetchSpec(tensor.name, offset, tuple(loop.var for loop in spread), locality)
+        self.pragmas.setdefault(axis, []).append((PREFETCH_PRAGMA, spec))
 
     def tensorize(self, axis: IterVar, intrin: TensorIntrin) -> None:
         """Replace the loops from `axis` inward by calls of `intrin` (checked when lowering)."""
