@@ -25,8 +25,9 @@
 #
 # GPU_CHECK_PYTHON=PATH names the interpreter instead (a rehearsal of the machine's here).
 # Limits (seconds; environment overrides): GPU_CHECK_TOTAL_S=530 in all, GPU_CHECK_TESTS_S=150,
-# GPU_CHECK_FLOW_S=75 (kept back for stage 4: `kiln tune-op`, then `kiln tune` of ResNet-18 and
-# BERT-tiny, GPU_CHECK_MODEL_TRIALS=36 and half, GPU_CHECK_MODEL_S=150 each),
+# GPU_CHECK_FLOW_S=75 (kept back at least for stage 4, which takes all that is left: `kiln
+# tune-op`, then `kiln tune` of ResNet-18 and BERT-tiny, GPU_CHECK_MODEL_TRIALS=36 and half,
+# GPU_CHECK_MODEL_S=150 each; records and logs come back even when its time runs out),
 # GPU_CHECK_SECTION_MAX_S=90 per benchmark section; GPU_CHECK_SECTIONS=gemm,fp16 runs only those
 # sections (none: no benchmark; GPU_CHECK_BENCH_ARGS="--trials 160" adds words to
 # benchmarks/cuda.py's command line), GPU_CHECK_SKIP_TESTS=1 skips stage 2 (reruns after a change).
@@ -204,11 +205,14 @@ agent_flow() {
     --listen 127.0.0.1:0 --token-file "$dir/pool.secrets" --cache-dir "$dir/cache" \
     --ready-file "$dir/agent.ready" >"$dir/agent.log" 2>&1 &
   apid=$!
+  # the stage's `timeout` sends TERM: collect first (records and log of a run cut short)
+  trap 'echo "agent flow: stopped by its time limit"; kill "$FLOW_CHILD" 2>/dev/null
+    flow_collect "$dir" "$apid" "$tpid"; exit 124' TERM
   # the ready file means serving; the pool sees the device once the agent has registered
   if wait_for "$apid" "$dir/agent.ready" . && wait_for "$apid" "$dir/agent.log" "registered with tracker"; then
     echo "agent flow: tracker $addr, agent pid $apid ${env_[*]}"
     "$PY" -m kiln devices --tracker "$addr" --token-file "$dir/pool.secrets"
-    timeout 120 "$PY" -m kiln tune-op dense --shape 1024,1024,1024 --tracker "$addr" --key gpu \
+    in_child timeout 120 "$PY" -m kiln tune-op dense --shape 1024,1024,1024 --tracker "$addr" --key gpu \
       --token-file "$dir/pool.secrets" --trials 8 --records "$dir/records.jsonl" "${check[@]}"
     rc=$?
     echo "agent flow: kiln tune-op exit $rc; $(wc -l <"$dir/records.jsonl" 2>/dev/null || echo 0) records"
@@ -216,18 +220,33 @@ agent_flow() {
   else
     echo "agent flow: the agent never became ready and registered"; rc=1
   fi
-  kill "$apid" "$tpid" 2>/dev/null
-  wait "$apid" "$tpid" 2>/dev/null
+  flow_collect "$dir" "$apid" "$tpid"
+  return $rc
+}
+
+# in_child CMD...: CMD in the background, waited for: bash runs a trap only between commands,
+# but a signal cuts a `wait` short (and a `timeout` in CMD heads a process group of its own, which
+# the stage's TERM does not reach: the trap passes it on)
+in_child() {
+  "$@" &
+  FLOW_CHILD=$!
+  wait "$FLOW_CHILD"
+}
+
+# flow_collect DIR AGENT_PID TRACKER_PID: end the two, and bring back what failed, if anything
+# (the records with their errors, the agent's log); also run when the stage's time runs out
+flow_collect() {
+  local dir="$1" f
+  kill "$2" "$3" 2>/dev/null
+  wait "$2" "$3" 2>/dev/null
   echo "agent flow: the agent's log ends:"; tail -8 "$dir/agent.log"
-  # what failed, if anything: the records (their errors) and the agent's log come back
   for f in "$dir"/*.jsonl; do
     [ -e "$f" ] || continue
-    "$PY" -m kiln records summary "$f" | head -30
+    timeout 20 "$PY" -m kiln records summary "$f" | head -30
     [ -n "${OUT:-}" ] && cp "$f" "$OUT/flow_$(basename "$f")"
   done
   [ -n "${OUT:-}" ] && cp "$dir/agent.log" "$OUT/flow_agent.log"
   rm -rf "$dir"
-  return $rc
 }
 
 # model_flow DIR ADDR: whole models through the GPU agent: `kiln tune MODEL --key gpu` tunes the
@@ -240,7 +259,7 @@ model_flow() {
   for name in resnet18 bert_tiny; do
     trials=$([ "$name" = resnet18 ] && echo "$MODEL_TRIALS" || echo $((MODEL_TRIALS / 2)))
     echo "model flow: kiln tune $name.onnx --key gpu --trials $trials"
-    timeout "$MODEL_S" "$PY" -m kiln tune "$dir/models/$name.onnx" --tracker "$addr" --key gpu \
+    in_child timeout "$MODEL_S" "$PY" -m kiln tune "$dir/models/$name.onnx" --tracker "$addr" --key gpu \
       --token-file "$dir/pool.secrets" --trials "$trials" "$check" \
       --records "$dir/$name.records.jsonl" || { rc=$?; echo "model flow: $name exit $rc"; }
   done
@@ -297,7 +316,8 @@ export PYTHONPATH PY ROOT START
 BENCH_LINE=""
 WORK="$(mktemp -d /tmp/kiln-gpu-check.XXXXXX)"
 export WORK
-export -f elapsed machine open_gpu gpu_tests wait_for agent_flow model_flow bench
+export -f elapsed machine open_gpu gpu_tests wait_for agent_flow in_child flow_collect model_flow \
+  bench
 
 stage machine 60 machine
 
@@ -334,8 +354,8 @@ elif [ "$SECTION_S" -lt 20 ]; then
 else
   stage benchmark "$BENCH_S" bench --budget-s "$SECTION_S" --total-s "$((BENCH_S - 10))"
 fi
+# stage 4 takes all that is left: FLOW_S is only what the benchmark leaves it at least
 FLOW_LIMIT=$(($(left) - 5))
-[ "$FLOW_LIMIT" -gt "$FLOW_S" ] && FLOW_LIMIT="$FLOW_S"
 if [ "$FLOW_LIMIT" -ge 20 ]; then
   stage agent-flow "$FLOW_LIMIT" agent_flow
 else
