@@ -39,12 +39,18 @@ Attrs = Mapping[str, Any]
 
 # Input channels at or below which a convolution uses the stem template (ResNet's 3-channel 7x7).
 STEM_MAX_IN_CHANNELS = 4
-# The smallest output side a 3x3 stride-1 convolution is run by Winograd's algorithm: from 7x7
-# (ResNet's last stage at 224) Winograd was 1.8-2.2x faster than the direct template on Zen 3; below
-# it the tiles compute mostly discarded outputs and the transformed weights, 4x the size of the
-# kernel's, are read for a tile or two (each 512-channel 1x1 layer of ResNet-18 at 32x32 took
-# 2.1 ms by Winograd, most of the model).
-WINOGRAD_MIN_OUT = 7
+# The smallest output side a 3x3 stride-1 convolution is run by Winograd's algorithm. Below it
+# the tiles compute mostly discarded outputs and the transformed weights, 16/9 (F(2)) to 4x
+# (F(4)) the size of the kernel's, are read for few tiles: in a model they come from memory
+# (ResNet-18's 46 MB of weights do not stay cached between its calls). At 7x7 (ResNet's last
+# stage at 224, 512 channels) Winograd was 1.8-2.2x faster than the direct template on Zen 3
+# timed alone, but on an Intel Xeon in the model, F(2)'s 16.8 MB a layer sat at the memory floor
+# (2.6-2.9 ms against 1.3-1.7 alone), while the direct conv's 9.4 MB, prefetched a block ahead
+# (its `prefetch` knob), ran 2.3-2.6 ms cold after 8 trials: the same demo records with layer 4
+# direct ran the whole model 1.03x and 1.15x faster (15 and 11 interleaved rounds). So 14x14 and
+# up (each 512-channel 1x1 layer of ResNet-18 at 32x32 took 2.1 ms by Winograd, most of the
+# model, before this bound existed).
+WINOGRAD_MIN_OUT = 8
 
 
 def _conv_params(op: str, attrs: Attrs) -> tuple[tuple, tuple, tuple, int]:

@@ -207,17 +207,18 @@ def test_a_model_split_into_translation_units_builds_and_matches(
 
 
 def test_3x3_stride_1_convs_run_by_winograd_over_inputs_padded_to_whole_tiles() -> None:
-    """A 7x7 image is two F(4x4) tiles a side: the pad step writes the rows and columns the last
-    tile reads past the image, for symmetric and asymmetric pads alike, under either tile size."""
+    """A 10x10 image is three F(4x4) tiles a side: the pad step writes the rows and columns the
+    last tile reads past the image, for symmetric and asymmetric pads alike, under either tile
+    size."""
     n = Net(5)
     x = n.node("Relu", [n.bn(n.conv("x", 16, 16, 3), 16)])
     y = n.conv(x, 16, 32, 3, pads=(1, 0, 1, 2))  # asymmetric: a workload of pad 0 over 9x9
-    model = n.model({"x": (1, 16, 7, 7)}, [y])
+    model = n.model({"x": (1, 16, 10, 10)}, [y])
     built = check_model(model, seed=3)
     assert [t.template for t in built.tasks] == ["conv2d_winograd_nchwc"] * 2
     assert sorted(t.workload for t in built.tasks) == [
-        (1, 16, 7, 7, 16, 3, 3, 1, 1, 2),
-        (1, 16, 9, 9, 32, 3, 3, 1, 0, 0),
+        (1, 16, 10, 10, 16, 3, 3, 1, 1, 2),
+        (1, 16, 12, 12, 32, 3, 3, 1, 0, 0),
     ]
     graph = from_onnx(model)
     template = get_template("conv2d_winograd_nchwc")
@@ -229,7 +230,7 @@ def test_3x3_stride_1_convs_run_by_winograd_over_inputs_padded_to_whole_tiles() 
         )
     tuned = build_model(graph, configs)
     assert tuned.artifact.sha256 != built.artifact.sha256
-    feeds = {"x": np.random.default_rng(3).standard_normal((1, 16, 7, 7)).astype(np.float32)}
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 16, 10, 10)).astype(np.float32)}
     want = np.asarray(ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0])
     got = ModelRunner(tuned).run(feeds)[0]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * np.abs(want).max())

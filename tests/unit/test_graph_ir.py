@@ -162,8 +162,8 @@ def test_registry_has_the_contract_ops_with_their_categories() -> None:
     ("x", "w", "groups", "strides", "template"),
     [
         ((1, 64, 56, 56), (64, 64, 3, 3), 1, (1, 1), "conv2d_winograd_nchwc"),
-        ((1, 512, 9, 9), (512, 512, 3, 3), 1, (1, 1), "conv2d_winograd_nchwc"),  # 7x7 out
-        ((1, 512, 8, 8), (512, 512, 3, 3), 1, (1, 1), "conv2d_nchwc"),  # 6x6: too few tiles
+        ((1, 512, 10, 10), (512, 512, 3, 3), 1, (1, 1), "conv2d_winograd_nchwc"),  # 8x8 out
+        ((1, 512, 9, 9), (512, 512, 3, 3), 1, (1, 1), "conv2d_nchwc"),  # 7x7: too few tiles
         ((1, 64, 56, 56), (128, 64, 3, 3), 1, (2, 2), "conv2d_nchwc"),
         ((1, 64, 56, 56), (128, 64, 1, 1), 1, (1, 1), "conv2d_1x1_nchwc"),
         ((1, 3, 224, 224), (64, 3, 7, 7), 1, (2, 2), "conv2d_stem_nchwc"),
