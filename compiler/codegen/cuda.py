@@ -116,11 +116,21 @@ def render_cuda(func: PrimFunc, symbol: str) -> CudaKernel:
 
 
 MIN_BLOCKS_PRAGMA = "min_blocks_per_sm"  # on a bound loop: __launch_bounds__(threads, value)
+BOUND_ABOVE_THREADS = 256  # larger blocks are always bounded (see `_launch_bounds`)
 
 
 def _launch_bounds(func: PrimFunc, dims: dict[str, int]) -> str:
     """`__launch_bounds__(threads, n) ` when a loop asks for n blocks per multiprocessor (ptxas
-    then keeps a thread's registers to what n blocks of this size leave), else nothing."""
+    then keeps a thread's registers to what n blocks of this size leave); `__launch_bounds__(
+    threads) ` for a block of more than BOUND_ABOVE_THREADS threads; else nothing.
+
+    Without a bound ptxas does not know the block's size, and a block it gave too many registers
+    fails every launch (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES). A multiprocessor's 65,536
+    registers are four partitions of 16,384, its warps dealt out among them: on the H100 a
+    7 x 7 x 8 conv block (13 warps, 4 in one partition) of 136 registers a thread needed 17,408
+    in that partition and never ran (2 of 36 ResNet-18 candidates); bounded, ptxas gave it 128,
+    with no spills. Up to 8 warps, 2 a partition, the bound cannot bind (255 registers at most)."""
+    threads = math.prod(dims.get(f"threadIdx.{a}", 1) for a in _AXES)
     wanted = [
         int(value)  # type: ignore[call-overload]
         for s in walk_stmts(func.body)
@@ -128,10 +138,9 @@ def _launch_bounds(func: PrimFunc, dims: dict[str, int]) -> str:
         for key, value in s.pragmas
         if key == MIN_BLOCKS_PRAGMA
     ]
-    if not wanted:
-        return ""
-    threads = math.prod(dims.get(f"threadIdx.{a}", 1) for a in _AXES)
-    return f"__launch_bounds__({threads}, {max(wanted)}) "
+    if wanted:
+        return f"__launch_bounds__({threads}, {max(wanted)}) "
+    return f"__launch_bounds__({threads}) " if threads > BOUND_ABOVE_THREADS else ""
 
 
 def _cuda_type(dtype: str) -> str:

@@ -371,6 +371,37 @@ def test_min_blocks_bounds_the_launch_of_big_blocks_only() -> None:
     assert not template.worth_measuring(shape, small)
 
 
+# The ResNet-18 conv candidate that failed every launch on the H100 (2 of 36, stop 40): 7 x 7 x 8
+# threads, 13 warps, one partition of a multiprocessor holding 4 of them
+BIG_CONV = (1, 64, 56, 56, 64, 3, 3, 1, 1, 2)
+BIG_BLOCK = {"tile_o": "2x8x2", "tile_h": "1x7x4", "tile_w": "1x7x2", "c_tile": 8}
+
+
+def test_blocks_of_more_than_8_warps_are_bounded_and_smaller_ones_are_not() -> None:
+    space = get_template("cuda_conv2d").config_space(BIG_CONV)
+    big = _config(space, **BIG_BLOCK, taps_inner=False, double_buffer=True)
+    assert "__global__ void __launch_bounds__(392) k(" in _render("cuda_conv2d", BIG_CONV, big, "k")
+    small = _config(space, **{**BIG_BLOCK, "tile_h": "1x1x4"}, taps_inner=False)  # 56 threads
+    assert "__launch_bounds__" not in _render("cuda_conv2d", BIG_CONV, small, "k")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_a_bounded_big_block_gets_registers_its_launch_has(tmp_path: Path) -> None:
+    # unbounded, ptxas gave this block 136 registers a thread: 4 warps x 32 x 136 = 17,408 in
+    # one 16,384-register partition, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES at every launch
+    space = get_template("cuda_conv2d").config_space(BIG_CONV)
+    big = _config(space, **BIG_BLOCK, taps_inner=False, double_buffer=True)
+    src = tmp_path / "k.cu"
+    src.write_text(_render("cuda_conv2d", BIG_CONV, big, "k"))
+    assert NVCC is not None
+    cmd = [NVCC, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / "k.o")]
+    proc = subprocess.run([*cmd, str(src)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    used = int(re.findall(r"Used (\d+) registers", proc.stderr)[0])
+    warps_in_a_partition = -(-13 // 4)
+    assert warps_in_a_partition * 32 * used <= 16384, used
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_two_blocks_a_multiprocessor_cap_the_registers_ptxas_gives(tmp_path: Path) -> None:
     # a staged 128 x 128 tile takes ~160 registers (one block of 256 threads a multiprocessor);
