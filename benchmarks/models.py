@@ -20,9 +20,11 @@ most bytes live at any one step). `--profile` adds each model's kernels timed on
         [--check-demo]
 
 `--check-demo` times each model's builds with `kiln demo`'s own routine too, alternating with
-this benchmark's (bench, demo, bench, demo), and adds a last line
+this benchmark's (bench, demo, three times), and adds a last line
 `demo_check: ort_ratio=<demo's onnxruntime time / the benchmark's> ours_ratio=<the same for
-ours>` (the model furthest from 1 for each; 0.95-1.05 is agreement within the noise).
+ours> ratio_ratio=<demo's ratio to onnxruntime / the benchmark's>`, each the median over the
+three (demo, the bench just before it) pairs, the model furthest from 1 for each; 0.95-1.05 is
+agreement within the noise.
 
 Records come from tuning the same models (same sizes, seed 0), e.g. 2,000 trials in all:
 
@@ -112,7 +114,8 @@ class Row:
     workspace: int
     lower_bound: int
     kernels: int
-    demo_check: tuple[float, float] | None = None  # (onnxruntime, ours): demo's / ours
+    # (onnxruntime, ours, ratio to onnxruntime): the demo's / the benchmark's
+    demo_check: tuple[float, float, float] | None = None
 
     def ours_s(self, label: str) -> float | None:
         b = self.builds.get(label)
@@ -393,6 +396,9 @@ def measure_model(
     return row
 
 
+CHECK_PAIRS = 3  # (bench, demo) pairs of --check-demo
+
+
 def check_demo(
     proto: onnx.ModelProto,
     inputs: dict[str, np.ndarray],
@@ -400,33 +406,38 @@ def check_demo(
     label: str,
     args: argparse.Namespace,
     first: VersusOrt,
-) -> tuple[float, float]:
-    """The same builds timed by `kiln demo`'s own routine and by this benchmark's, alternately
-    (bench, demo, bench, demo; `first` is the first bench): (demo's onnxruntime time / the
-    benchmark's, demo's time of `label` / the benchmark's), medians of both runs of each."""
+) -> tuple[float, float, float]:
+    """The same builds timed by `kiln demo`'s own routine and by this benchmark's, alternately,
+    CHECK_PAIRS times (bench, demo, bench, demo, ...; `first` is the first bench): medians over
+    the pairs of (demo's onnxruntime time / the benchmark's, the same for `label`, demo's ratio
+    to onnxruntime / the benchmark's). Each figure compares a demo run with the bench run just
+    before it: on a VM whose speed drifts 20-30% from one minute to the next (the Xeon of stop
+    40), medians over separate phases compared times from different minutes."""
     from kiln.cli.demo import time_builds
 
-    demo = [time_builds(proto, inputs, artifacts)]
-    bench = [
-        first,
-        versus_onnxruntime(
-            proto, inputs, artifacts, args.rounds, args.min_round_s, RTOL, core=args.core
-        ),
-    ]
-    demo.append(time_builds(proto, inputs, artifacts))
-    ort = statistics.median(d.ort_s for d in demo) / statistics.median(b.ort_s for b in bench)
-    ours = statistics.median(d.median_s(label) for d in demo) / statistics.median(
-        b.median_s(label) for b in bench
-    )
+    bench: list[VersusOrt] = [first]
+    demo: list[VersusOrt] = []
+    for i in range(CHECK_PAIRS):
+        if i:
+            bench.append(
+                versus_onnxruntime(
+                    proto, inputs, artifacts, args.rounds, args.min_round_s, RTOL, core=args.core
+                )
+            )
+        demo.append(time_builds(proto, inputs, artifacts))
+    pairs = list(zip(demo, bench, strict=True))
+    ort = statistics.median(d.ort_s / b.ort_s for d, b in pairs)
+    ours = statistics.median(d.median_s(label) / b.median_s(label) for d, b in pairs)
+    same = statistics.median(d.ratio(label) / b.ratio(label) for d, b in pairs)
     print(
-        f"  demo's timing / this benchmark's, same {label} build: onnxruntime "
-        f"{' '.join(f'{d.ort_s * 1e3:.2f}' for d in demo)} / "
-        f"{' '.join(f'{b.ort_s * 1e3:.2f}' for b in bench)} ms = {ort:.3f}; ours "
-        f"{' '.join(f'{d.median_s(label) * 1e3:.2f}' for d in demo)} / "
-        f"{' '.join(f'{b.median_s(label) * 1e3:.2f}' for b in bench)} ms = {ours:.3f}",
+        f"  demo's timing / this benchmark's, same {label} build, {CHECK_PAIRS} pairs: onnxruntime "
+        f"{' '.join(f'{d.ort_s * 1e3:.2f}/{b.ort_s * 1e3:.2f}' for d, b in pairs)} ms -> {ort:.3f}; "
+        f"ours {' '.join(f'{d.median_s(label) * 1e3:.2f}/{b.median_s(label) * 1e3:.2f}' for d, b in pairs)}"
+        f" ms -> {ours:.3f}; ratio to onnxruntime "
+        f"{' '.join(f'{d.ratio(label):.3f}/{b.ratio(label):.3f}' for d, b in pairs)} -> {same:.3f}",
         flush=True,
     )
-    return ort, ours
+    return ort, ours, same
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,7 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     if checks:
         worst_ort = max(checks, key=lambda c: abs(c[0] - 1.0))[0]
         worst_ours = max(checks, key=lambda c: abs(c[1] - 1.0))[1]
-        print(f"demo_check: ort_ratio={worst_ort:.3f} ours_ratio={worst_ours:.3f}")
+        worst_same = max(checks, key=lambda c: abs(c[2] - 1.0))[2]
+        print(
+            f"demo_check: ort_ratio={worst_ort:.3f} ours_ratio={worst_ours:.3f} "
+            f"ratio_ratio={worst_same:.3f}"
+        )
     return 0
 
 
