@@ -15,8 +15,9 @@ which calls the kernels in order, each with pointers to graph inputs (`inputs[i]
 owns every buffer: `workspace_bytes` bytes, 64-byte aligned. Bool values are C ints (int32).
 
 The params are also embedded in the shared object (one read-only blob, each param 64-byte
-aligned, pulled in with `.incbin` from a content-named file in the build cache directory), and a
-packed entry makes the model an ordinary kernel that an agent runs and times like any other:
+aligned, pulled in with `.incbin` from a content-named file in the build cache directory; its
+addresses from `kiln_model_param(i)`), and a packed entry makes the model an ordinary kernel that
+an agent runs and times like any other:
 
     int32_t kiln_model(void **args);   /* + kiln_model__time, the native timing entry */
 
@@ -52,6 +53,10 @@ from compiler.toolchain import cache_dir, get_target
 ENTRY = "kiln_model_run"
 MODEL_ENTRY = "kiln_model"
 PARAMS_SYMBOL = "kiln_model_params"
+# `const void *kiln_model_param(int32_t i)`: param i's address in the embedded blob (NULL past
+# the last); an in-process caller passes these to kiln_model_run, so it reads the weights where
+# the packed entry (what an agent runs) does
+PARAM_ADDRESS = "kiln_model_param"
 PARAM_ALIGNMENT = 64  # bytes: each param's offset in the blob, and the workspace's base
 
 
@@ -369,6 +374,10 @@ def packed_entry_source(
         ]
         pointers = ", ".join(f"(void *)({PARAMS_SYMBOL} + {off})" for off in param_offsets(params))
     lines += [
+        f"const void *{PARAM_ADDRESS}(int32_t i) {{",
+        f"  static const void *const params[] = {{{pointers}}};",
+        f"  return i >= 0 && i < {len(params)} ? params[i] : 0;",
+        "}",
         f"int32_t {MODEL_ENTRY}(void **args) {{",
         f"  void *params[] = {{{pointers}}};",
         f"  uintptr_t ws = (uintptr_t)args[{n_in + n_out}];",
