@@ -395,7 +395,9 @@ def test_a_bounded_big_block_gets_registers_its_launch_has(tmp_path: Path) -> No
     src.write_text(_render("cuda_conv2d", BIG_CONV, big, "k"))
     assert NVCC is not None
     cmd = [NVCC, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", str(tmp_path / "k.o")]
-    proc = subprocess.run([*cmd, str(src)], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [*cmd, str(src)], capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     used = int(re.findall(r"Used (\d+) registers", proc.stderr)[0])
     warps_in_a_partition = -(-13 // 4)
