@@ -174,6 +174,13 @@ def test_the_demo_device_timer_times_as_this_process_does_and_a_failed_round_is_
     assert ev.cooldown_ms == 0 and ev.timeout_s == Runner.evaluator.timeout_s
 
 
+def test_the_agents_row_has_a_ratio_only_at_onnxruntimes_one_thread() -> None:
+    one = demo.agent_row("dev/0", 0.020, 0.030, threads=1)
+    assert one == ["kiln, tuned, timed by the agent (dev/0)", "20.00", "1.50x"]
+    two = demo.agent_row("dev/0", 0.019, 0.030, threads=2)
+    assert "on 2 threads" in two[0] and two[1] == "19.00" and not two[2].endswith("x")
+
+
 def _mapping_of(address: int) -> str:
     """The pathname of this process's mapping holding `address` ("" for an anonymous one)."""
     with open("/proc/self/maps") as maps:
