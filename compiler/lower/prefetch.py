@@ -5,11 +5,12 @@ i, a prefetch of the elements of one input buffer that iteration i + offset read
 every read of the buffer in the loop's body, each relaxed over the loops inside the body by
 interval analysis. The region is one range [lo, lo + count) of the flat buffer; reads whose
 starts differ by more than a constant cannot be bound so and raise LowerError. With `spread`
-(loops nested inside the body) the range is cut into as many pieces as those loops have
-iterations together, and each iteration of the innermost prefetches its piece at its start: a block of weights hundreds of KB long,
-asked for all at once, would fill the core's queue of outstanding misses and stall the compute
-it was meant to overlap (measured on an Intel Xeon: the next channel block of a direct conv
-spread over its pixel tiles ran 1.09x faster on cold caches, and as fast warm).
+(loops nested inside the body, none between them) the range is cut into as many pieces as
+those loops have iterations together, and each iteration of the innermost prefetches its piece
+at its start. A block of weights hundreds of KB long, asked for all at once, fills the core's
+queue of outstanding misses and stalls the compute it was meant to overlap: on an Intel Xeon a
+direct conv's next 590 KB block asked for a seventh at a time (one piece per pixel tile) ran
+1.12x faster cold and 0.93x warm, in 168 pieces of 55 lines 1.28x cold and 1.03-1.11x warm.
 
 The prefetch is an `IntrinCall` of a C helper that touches one element per cache line with
 `__builtin_prefetch(p, 0, locality)`: every pass, the interpreter (which runs it as a no-op

@@ -30,8 +30,8 @@ PREFETCH_PRAGMA = "prefetch"  # a loop's pragma whose value is a PrefetchSpec (l
 class PrefetchSpec:
     """What a loop prefetches (`Stage.prefetch`): the reads of input `tensor` that iteration
     i + `offset` makes, at the start of iteration i, or each iteration of the inner loops
-    `spread` (outermost first) its share of them; `locality` is __builtin_prefetch's (3: every cache level, 2:
-    L2 and out, 1: L3 and out, 0: no temporal reuse)."""
+    `spread` (outermost first) its share of them; `locality` is __builtin_prefetch's (3: every
+    cache level, 2: L2 and out, 1: L3 and out, 0: no temporal reuse)."""
 
     tensor: str
     offset: int

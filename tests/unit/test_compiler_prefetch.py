@@ -145,7 +145,7 @@ def test_malformed_prefetches_name_their_cause() -> None:
         lower(sch, [a, other, out], "f")
 
 
-CONV = (1, 32, 6, 6, 48, 3, 3, 1, 1, 2)  # 3 blocks of 16 output channels
+CONV = (1, 32, 3, 6, 32, 3, 3, 1, 1, 2)  # 2 blocks of 16 output channels
 
 
 def _conv_config(
@@ -179,8 +179,8 @@ def test_the_conv_knob_prefetches_every_next_block_of_weights_whole(
     for start, count in seen:
         covered[start : start + count] = True
     assert covered[block:].all() and not covered[:block].any()
-    # in pieces spread over a block's 6 x 2 pixel tiles x 2 channel blocks x 3 kernel rows
-    assert len(seen) == 2 * (6 * 2 * 2 * 3)
+    # in pieces spread over a block's 3 x 2 pixel tiles x 2 channel blocks x 3 kernel rows
+    assert len(seen) == 1 * (3 * 2 * 2 * 3)
 
 
 def test_the_conv_knob_keeps_results_when_built_serial_and_parallel() -> None:

@@ -74,6 +74,7 @@ class NativeModel:
                 raise ValueError(f"input {spec.name}: shape {value.shape}, expected {spec.shape}")
             self.inputs.append(value)
         self.outputs = [np.zeros(s.shape, _c_dtype(s.dtype)) for s in model.outputs]
+        self._param_copies: list[np.ndarray] = []  # only for a library without the blob's table
         self.param_addresses = self._embedded_params()
         self.workspace = aligned_zeros(model.workspace_bytes)
         self._args = (
