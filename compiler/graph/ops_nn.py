@@ -47,9 +47,9 @@ STEM_MAX_IN_CHANNELS = 4
 # timed alone, but on an Intel Xeon in the model, F(2)'s 16.8 MB a layer sat at the memory floor
 # (2.6-2.9 ms against 1.3-1.7 alone), while the direct conv's 9.4 MB, prefetched a block ahead
 # (its `prefetch` knob), ran 2.3-2.6 ms cold after 8 trials: the same demo records with layer 4
-# direct ran the whole model 1.03x and 1.15x faster (15 and 11 interleaved rounds). So 14x14 and
-# up (each 512-channel 1x1 layer of ResNet-18 at 32x32 took 2.1 ms by Winograd, most of the
-# model, before this bound existed).
+# direct ran the whole model 1.03x, 1.15x and 1.18x faster (15, 11 and 21 interleaved rounds).
+# So 14x14 and up (each 512-channel 1x1 layer of ResNet-18 at 32x32 took 2.1 ms by Winograd, most
+# of the model, before this bound existed).
 WINOGRAD_MIN_OUT = 8
 
 

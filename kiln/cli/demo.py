@@ -243,8 +243,8 @@ def agent_row(device_id: str, agent_s: float, ort_s: float, threads: int) -> lis
     when the device runs one thread too (with `--cores 0-1` a two-thread figure against one
     thread read "1.61x"; `benchmarks/cores.py` compares at equal threads)."""
     if threads == 1:
-        return [f"kiln, tuned, timed by the agent ({device_id})", f"{agent_s * 1e3:.2f}",
-                f"{ort_s / agent_s:.2f}x"]  # fmt: skip
+        label = f"kiln, tuned, timed by the agent ({device_id})"
+        return [label, f"{agent_s * 1e3:.2f}", f"{ort_s / agent_s:.2f}x"]
     return [
         f"kiln, tuned, timed by the agent on {threads} threads ({device_id})",
         f"{agent_s * 1e3:.2f}",
