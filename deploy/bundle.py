@@ -5,6 +5,9 @@ tracker. Its version carries a hash of those sources, so a host knows whether it
 workstation's agent. The dependency wheels are fetched here, once per (Python version, machine,
 glibc) of the hosts, with `pip download` for the host's platform, and copied to each host, which
 then installs with `pip install --no-index`: a host needs no route to PyPI and no compiler.
+pip itself comes as one of those wheels (`INSTALLER`) and runs from it: the host's virtualenv is
+made `--without-pip`, so a host needs neither ensurepip (Debian's python3-venv) nor the 5 s it
+takes to seed pip into every new virtualenv.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ AGENT_REQUIREMENTS = (
     "numpy>=1.26",
     "prometheus-client>=0.20",
 )
+# The pip that installs them on the host, run from its wheel (`python pip-X.whl/pip install`).
+INSTALLER = "pip>=23.1"
 DEFAULT_CACHE = Path(os.path.expanduser("~")) / ".cache" / "kiln" / "deploy"
 _SOURCE_SUFFIXES = (".py", ".proto", ".pyi", ".c")
 
@@ -182,7 +187,7 @@ def dependency_wheels(platform: Platform, cache: Path = DEFAULT_CACHE) -> list[P
     """
     folder = cache / "wheels" / platform.label
     stamp = folder / "requirements.json"
-    wanted = sorted(AGENT_REQUIREMENTS)
+    wanted = sorted((*AGENT_REQUIREMENTS, INSTALLER))
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         return sorted(folder.glob("*.whl"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -197,7 +202,7 @@ def dependency_wheels(platform: Platform, cache: Path = DEFAULT_CACHE) -> list[P
     for tag in platform.pip_platforms():
         command += ["--platform", tag]
     result = subprocess.run(
-        [*command, *AGENT_REQUIREMENTS],
+        [*command, *AGENT_REQUIREMENTS, INSTALLER],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -210,3 +215,18 @@ def dependency_wheels(platform: Platform, cache: Path = DEFAULT_CACHE) -> list[P
         )
     stamp.write_text(json.dumps(wanted))
     return sorted(folder.glob("*.whl"))
+
+
+def installer_wheel(wheels: list[Path]) -> Path:
+    """The pip wheel among `wheels` (what `dependency_wheels` returns).
+
+    Raises:
+        BundleError: there is none (a wheelhouse filled by hand without it).
+    """
+    found = [w for w in wheels if w.name.startswith("pip-") and w.name.endswith(".whl")]
+    if len(found) != 1:
+        raise BundleError(
+            f"expected one pip wheel among the host's wheels, found {len(found)}: "
+            f"{', '.join(sorted(w.name for w in wheels))}"
+        )
+    return found[0]

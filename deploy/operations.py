@@ -34,6 +34,7 @@ from deploy.bundle import (
     agent_version,
     agent_wheel,
     dependency_wheels,
+    installer_wheel,
     parse_probe,
 )
 from deploy.inventory import Host, Inventory
@@ -217,9 +218,10 @@ class Deployer:
                 installed = ""  # the virtualenv went missing: install afresh
             outdated = ""
             if not installed or (upgrade and installed != want):
-                if self._sync_wheels(conn, layout, platform):
+                copied, installer = self._sync_wheels(conn, layout, platform)
+                if copied:
                     changes.append("wheels")
-                self._install(conn, host, layout, want, fresh=not installed)
+                self._install(conn, host, layout, want, installer, fresh=not installed)
                 changes.append(
                     f"upgraded {installed} -> {want}" if installed else f"installed {want}"
                 )
@@ -260,10 +262,14 @@ class Deployer:
         with self._locks_lock:
             return self._wheel_locks.setdefault(label, threading.Lock())
 
-    def _sync_wheels(self, conn: Connection, layout: Layout, platform: Platform) -> bool:
-        """Copy the wheels the host lacks; True when any was copied."""
+    def _sync_wheels(
+        self, conn: Connection, layout: Layout, platform: Platform
+    ) -> tuple[bool, str]:
+        """Copy the wheels the host lacks: whether any was copied, and the host's path of the
+        pip wheel that installs them."""
         with self._wheel_lock(platform.label):
             wheels = [agent_wheel(self.cache), *dependency_wheels(platform, self.cache)]
+        installer = f"{layout.wheels}/{installer_wheel(wheels).name}"
         wanted = {path.name: path for path in wheels}
         conn.run(
             f"mkdir -p {shlex.quote(layout.wheels)} && rm -f {shlex.quote(layout.wheels)}/*.tmp-*",
@@ -280,12 +286,19 @@ class Deployer:
         if stale:
             names = " ".join(shlex.quote(f"{layout.wheels}/{name}") for name in stale)
             conn.run(f"rm -f {names}", step="remove old wheels", timeout_s=30)
-        return copied
+        return copied, installer
 
     def _install(
-        self, conn: Connection, host: Host, layout: Layout, version: str, fresh: bool
+        self,
+        conn: Connection,
+        host: Host,
+        layout: Layout,
+        version: str,
+        installer: str,
+        fresh: bool,
     ) -> None:
-        """The agent's virtualenv with `version` installed from the host's wheels.
+        """The agent's virtualenv with `version` installed from the host's wheels by the pip of
+        the `installer` wheel (the virtualenv has no pip of its own: see deploy.bundle).
 
         A fresh install (nothing recorded as installed: a first `up`, or one killed half-way)
         builds a new virtualenv under a name of its own and renames it into place only once it
@@ -296,13 +309,14 @@ class Deployer:
             building = f"{layout.venv}.new-{uuid.uuid4().hex[:8]}"
             stale = f"{shlex.quote(layout.venv)}.new-*"
             conn.run(
-                f"rm -rf {stale} 2>/dev/null; {shlex.quote(host.python)} -m venv {shlex.quote(building)}",
+                f"rm -rf {stale} 2>/dev/null; {shlex.quote(host.python)} -m venv --without-pip {shlex.quote(building)}",
                 step="create virtualenv",
                 timeout_s=300,
             )
             python = f"{building}/bin/python"
         pip = (
-            f"{shlex.quote(python)} -m pip install --disable-pip-version-check --quiet "
+            f"{shlex.quote(python)} {shlex.quote(installer + '/pip')} install "
+            "--disable-pip-version-check --quiet "
             f"--no-index --find-links {shlex.quote(layout.wheels)} "
             f"{shlex.quote(f'kiln-agent=={version}')}"
         )

@@ -59,6 +59,7 @@ class _SshHost:
     process: subprocess.Popen[bytes] | None
     log: Path
     _stop_wait_s = 5.0
+    _stop_signal = signal.SIGTERM
 
     def _wait_for_ssh(self, what: str, timeout_s: float) -> None:
         """Wait until the port answers with an SSH banner.
@@ -88,7 +89,7 @@ class _SshHost:
         if self.process is None:
             return
         if self.process.poll() is None:
-            self.process.terminate()
+            self.process.send_signal(self._stop_signal)
             try:
                 self.process.wait(self._stop_wait_s)
             except subprocess.TimeoutExpired:
@@ -364,6 +365,9 @@ class SystemdHost(_SshHost):
         self.process: subprocess.Popen[bytes] | None = None
         self.log = workdir / "boot.log"
         self._stop_wait_s = 10.0  # unshare --kill-child: its PID 1, and so the namespace, ends too
+        # unshare hands a SIGTERM on to systemd, which as PID 1 ignores it: the wait ran out (10 s)
+        # before every stop. A throwaway host on an overlay has nothing to shut down cleanly.
+        self._stop_signal = signal.SIGKILL
 
     def known_hosts_line(self) -> str:
         """This host's line for a known_hosts file."""

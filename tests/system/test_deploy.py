@@ -85,6 +85,9 @@ def test_up_again_status_restart_on_failure_and_down(pool: LocalPool) -> None:
     }
     assert table["h0"][1] == "2/2 FREE"
     assert pool.devices() == {"h0/0": "FREE", "h0/1": "FREE", "h1/0": "FREE", "h2/0": "FREE"}
+    # pip ran from its wheel: the virtualenvs were made without one (no ensurepip needed).
+    assert not list(pool.root(0).glob("venv/lib/python3*/site-packages/pip"))
+    assert list(pool.root(0).glob("venv/lib/python3*/site-packages/numpy"))
 
     # The agent got only what it needs, private to it; no secret reached a log or the output.
     secrets_file = pool.root(0) / "pool.secrets"

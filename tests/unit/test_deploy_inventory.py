@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from deploy import bundle
-from deploy.bundle import AGENT_REQUIREMENTS, BundleError, Platform, agent_wheel, parse_probe
+from deploy.bundle import (
+    AGENT_REQUIREMENTS,
+    BundleError,
+    Platform,
+    agent_wheel,
+    installer_wheel,
+    parse_probe,
+)
 from deploy.inventory import InventoryError, load_inventory, parse_inventory
 from deploy.operations import agent_argv, agent_secrets_text
 from deploy.services import Layout, ProcessService
@@ -156,6 +163,15 @@ def test_probe_output_and_platform_tags() -> None:
 def test_agent_requirements_cover_the_projects_core_dependencies() -> None:
     pyproject = tomllib.loads((bundle.ROOT / "pyproject.toml").read_text())
     assert set(pyproject["project"]["dependencies"]) <= set(AGENT_REQUIREMENTS)
+
+
+def test_the_installer_is_the_one_pip_wheel_of_the_wheelhouse() -> None:
+    wheels = [Path(n) for n in ("numpy-2.4.6-cp311.whl", "pip-26.3-py3-none-any.whl")]
+    assert installer_wheel(wheels).name == "pip-26.3-py3-none-any.whl"
+    with pytest.raises(BundleError, match=r"found 0: numpy-2\.4\.6-cp311\.whl"):
+        installer_wheel(wheels[:1])
+    with pytest.raises(BundleError, match="found 2"):
+        installer_wheel([*wheels, Path("pip-25.0-py3-none-any.whl")])
 
 
 def test_agent_wheel_holds_the_agent_alone_with_a_valid_record(tmp_path: Path) -> None:
