@@ -13,6 +13,7 @@ Candidates build in local processes, or on a Dask cluster's workers with
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
@@ -23,7 +24,7 @@ import numpy as np
 
 from compiler import ops
 from compiler.ops.injective import ELEMENTWISE_OPS
-from kiln.pool import Pool
+from kiln.pool import Pool, every_core_held
 from tuner.loop import Callback, TuneProgress, tune
 from tuner.measure.builder import Builder
 from tuner.measure.device_target import is_cuda_target, is_vta_target
@@ -53,6 +54,8 @@ GPU_TEMPLATES = {
     **{op: f"cuda_elementwise_{op}" for op in ELEMENTWISE_OPS},
 }
 GPU_PREFIX = "cuda_"
+
+_LOG = logging.getLogger(__name__)
 
 
 def gpu_template_name(op: str) -> str:
@@ -145,6 +148,15 @@ def _options(options: TuneOptions | None, trials: int | None) -> TuneOptions:
     return options if trials is None else dataclasses.replace(options, trials=trials)
 
 
+def _pipeline_fits(pool: Pool, options: TuneOptions) -> TuneOptions:
+    """`options` without `pipeline` where the pool's local devices hold every core
+    (`kiln.pool.every_core_held`: nothing may run beside their measurements)."""
+    if options.pipeline and every_core_held(pool.core_sets):
+        _LOG.info("not pipelining: the local devices hold every core")
+        return dataclasses.replace(options, pipeline=False)
+    return options
+
+
 @contextmanager
 def _builder(pool: Pool, given: Builder | str | None) -> Iterator[Builder]:
     """`given`, or the pool's builder of spec `given` ("local" when None), closed on leaving."""
@@ -184,7 +196,7 @@ def tune_op(
     Raises:
         ValueError: an unknown op or bad shape; TuningError: no candidate worked.
     """
-    opts = _options(options, trials)
+    opts = _pipeline_fits(pool, _options(options, trials))
     with _builder(pool, builder) as build, closing(pool.runner(evaluator)) as runner:
         # the space of the threads the builder builds for (the device's `threads` tag)
         task = dataclasses.replace(op_task(op, shape), threads=int(getattr(build, "threads", 1)))
@@ -212,7 +224,7 @@ def tune_network(
     """
     from tuner.network.tune import tune_network as _tune_network
 
-    opts = _options(options, trials)
+    opts = _pipeline_fits(pool, _options(options, trials))
     store = open_store(records) if isinstance(records, str | os.PathLike) else records
     try:
         with _builder(pool, builder) as build, closing(pool.runner(evaluator)) as runner:

@@ -7,6 +7,7 @@ Nothing heavy is imported at module level: `kiln --help` must answer in well und
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -246,7 +247,7 @@ def add_tuning_args(
         default=True,
         help="build the next batch while this one is measured (default: on; a local pool's "
         "devices then get cores of their own and the builds the others, and the devices' "
-        "cores too at idle priority)",
+        "cores too at idle priority; off where --cores sets hold every core)",
     )
     add_measure_args(p, caches=caches)
 
@@ -355,6 +356,21 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
         pipeline=args.pipeline,
         check=args.check,
     )
+
+
+def fit_pipeline(args: argparse.Namespace, options: TuneOptions) -> TuneOptions:
+    """`options` without `pipeline` where the --cores sets hold every core here
+    (`kiln.pool.every_core_held`), saying so on stderr when --pipeline was asked for."""
+    from kiln.pool import every_core_held
+
+    if not options.pipeline or not every_core_held(local_core_sets(args)):
+        return options
+    print(
+        "not pipelining: the --cores sets hold every core here, and builds beside a "
+        "measurement would share its cores",
+        file=sys.stderr,
+    )
+    return dataclasses.replace(options, pipeline=False)
 
 
 def check_target_name(target: str | None) -> None:

@@ -209,7 +209,7 @@ def tune_network_from_args(
     from compiler.build_cuda import is_cuda_target
     from tuner.network.tune import tune_network
 
-    options = common.tune_options(args)
+    options = common.fit_pipeline(args, common.tune_options(args))
     store = common.open_records(args.records)
     if store is not None:
         stack.callback(store.close)

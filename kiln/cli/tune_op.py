@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         task = op_task(args.op, args.shape)
     except ValueError as exc:
         raise CliError.usage(str(exc)) from None
-    options = common.tune_options(args)
+    options = common.fit_pipeline(args, common.tune_options(args))
     progress = tune_with_progress(args, task, options)
     print(report(progress))
     return 0

@@ -123,3 +123,40 @@ def test_model_tuning_times_cold_where_the_weights_outgrow_the_caches() -> None:
         4096,
     )
     assert timing(["tune", "m.onnx", "--caches", "warm", "--min-repeat-ms", "5"]) == (3, 5.0, 0)
+
+
+def test_no_pipeline_where_the_local_devices_hold_every_core(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Builds and the search beside a measurement share its cores when the devices hold them
+    all (kiln.pool.every_core_held): the CLI and the API then tune without a pipeline."""
+    import argparse
+    import os
+
+    from kiln.api import _pipeline_fits
+    from kiln.cli.common import fit_pipeline
+    from kiln.pool import every_core_held
+    from tuner.options import TuneOptions
+
+    allowed = sorted(os.sched_getaffinity(0))
+    every = ",".join(map(str, allowed))
+    assert every_core_held([allowed]) and every_core_held([[c] for c in allowed])
+    assert not every_core_held([])
+    if len(allowed) > 1:
+        assert not every_core_held([allowed[:-1]])
+
+    piped = TuneOptions(pipeline=True)
+    args = argparse.Namespace(cores=[every], tracker=None, devices=1)
+    assert not fit_pipeline(args, piped).pipeline
+    assert "not pipelining: the --cores sets hold every core" in capsys.readouterr().err
+    assert fit_pipeline(argparse.Namespace(cores=None, tracker=None, devices=1), piped).pipeline
+
+    class _Pool:
+        core_sets = (tuple(allowed),)
+
+    assert not _pipeline_fits(_Pool(), piped).pipeline  # type: ignore[arg-type]
+    _Pool.core_sets = ()
+    assert _pipeline_fits(_Pool(), piped).pipeline  # type: ignore[arg-type]
+    if len(allowed) > 1:
+        some = argparse.Namespace(cores=[str(allowed[-1])], tracker=None, devices=1)
+        assert fit_pipeline(some, piped).pipeline
