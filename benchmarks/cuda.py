@@ -50,9 +50,11 @@ faster). Kernels are launched from Python (ctypes): for the smallest convolution
 wait on the launches, ours and the peer's alike.
 
 Ends with: cuda: gemm_min_ratio=<x> fp16_gemm_ratio=<x> conv_geomean_ratio=<x>
-resnet18_ms=<ms> bert_tiny_ms=<ms> device=<name> (nan where a section could not run; fp16 is
-the smallest ratio over its sizes). Without a GPU (or nvcc) it says why and exits 2, unless
-`--dry-run`, which builds each section's sampled candidates for `--arch` and measures nothing.
+conv_vs_best_peer=<x> resnet18_ms=<ms> bert_tiny_ms=<ms> device=<name> (nan where a section
+could not run; fp16 is the smallest ratio over its sizes; conv_vs_best_peer is the geomean
+against the faster of cuDNN and im2col+sgemm per layer, nan without cuDNN). Without a GPU (or
+nvcc) it says why and exits 2, unless `--dry-run`, which builds each section's sampled
+candidates for `--arch` and measures nothing.
 Targets (issue 26): gemm >= 0.9, fp16 >= 0.7, conv geomean >= 0.8.
 """
 
@@ -202,6 +204,7 @@ def summary_line(results: dict[str, dict[str, object]], device: str) -> str:
         f"cuda: gemm_min_ratio={_fmt(get('gemm', 'min_ratio'))} "
         f"fp16_gemm_ratio={_fmt(get('fp16', 'min_ratio'))} "
         f"conv_geomean_ratio={_fmt(get('conv', 'geomean_ratio'))} "
+        f"conv_vs_best_peer={_fmt(get('conv', 'best_peer_geomean_ratio'))} "
         f"resnet18_ms={_fmt(get('models', 'resnet18_ms'), 3)} "
         f"bert_tiny_ms={_fmt(get('models', 'bert_tiny_ms'), 3)} "
         f"device={device.replace(' ', '_')}"

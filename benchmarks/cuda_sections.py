@@ -442,9 +442,26 @@ def conv_section(opts: SearchOptions, budget: Budget, builder: Builder | None) -
         return _finish({"error": "; ".join(errors) or "nothing measured"}, [], faulted)
     geomean = math.exp(sum(math.log(r[-1]) for r in rows) / len(rows))
     out: dict[str, object] = {"geomean_ratio": geomean, "layers": len(rows), "peer": peer_name}
+    if cudnn is not None:
+        # against the faster peer of each layer: cuDNN's FP32 pick is not always the faster
+        out["best_peer_geomean_ratio"] = best_peer_geomean([(r[2], r[3], r[4]) for r in rows])
+        print(
+            f"against the faster of {peer_name} and {IM2COL_PEER} per layer: geomean "
+            f"{out['best_peer_geomean_ratio']:.2f}"
+        )
     if len(rows) < len(layers):
         out["missing_layers"] = len(layers) - len(rows)
     return _finish(out, errors, faulted)
+
+
+def best_peer_geomean(times: Sequence[tuple[float, float, float]]) -> float:
+    """Geomean over layers of (the faster peer's ms) / ours, from (ours, peer, second peer)
+    per layer; a second peer that was not measured (nan) does not count."""
+    logs = [
+        math.log(min(p for p in (peer, second) if not math.isnan(p)) / ours)
+        for ours, peer, second in times
+    ]
+    return math.exp(sum(logs) / len(logs))
 
 
 def _conv_workload(
