@@ -152,11 +152,11 @@ def test_no_pipeline_where_the_local_devices_hold_every_core(
     assert fit_pipeline(argparse.Namespace(cores=None, tracker=None, devices=1), piped).pipeline
 
     class _Pool:
-        core_sets = (tuple(allowed),)
+        def __init__(self, core_sets: tuple[tuple[int, ...], ...]) -> None:
+            self.core_sets = core_sets
 
-    assert not _pipeline_fits(_Pool(), piped).pipeline  # type: ignore[arg-type]
-    _Pool.core_sets = ()
-    assert _pipeline_fits(_Pool(), piped).pipeline  # type: ignore[arg-type]
+    assert not _pipeline_fits(_Pool((tuple(allowed),)), piped).pipeline  # type: ignore[arg-type]
+    assert _pipeline_fits(_Pool(()), piped).pipeline  # type: ignore[arg-type]
     if len(allowed) > 1:
         some = argparse.Namespace(cores=[str(allowed[-1])], tracker=None, devices=1)
         assert fit_pipeline(some, piped).pipeline
