@@ -26,8 +26,9 @@
 # GPU_CHECK_PYTHON=PATH names the interpreter instead (a rehearsal of the machine's here).
 # Limits (seconds; environment overrides): GPU_CHECK_TOTAL_S=530 in all, GPU_CHECK_TESTS_S=150,
 # GPU_CHECK_FLOW_S=75 (kept back at least for stage 4, which takes all that is left: `kiln
-# tune-op`, then `kiln tune` of ResNet-18 and BERT-tiny, GPU_CHECK_MODEL_TRIALS=36 and half,
-# GPU_CHECK_MODEL_S=150 each; records and logs come back even when its time runs out),
+# tune-op`, then `kiln tune` of ResNet-18 and BERT-tiny, GPU_CHECK_MODEL_TRIALS=36 and half
+# (0: no model flow), GPU_CHECK_MODEL_S=150 each; records and logs come back even when its time
+# runs out),
 # GPU_CHECK_SECTION_MAX_S=90 per benchmark section; GPU_CHECK_SECTIONS=gemm,fp16 runs only those
 # sections (none: no benchmark; GPU_CHECK_BENCH_ARGS="--trials 160" adds words to
 # benchmarks/cuda.py's command line), GPU_CHECK_SKIP_TESTS=1 skips stage 2 (reruns after a change).
@@ -255,6 +256,10 @@ flow_collect() {
 # (on the fake driver: --no-check, which computes nothing)
 model_flow() {
   local dir="$1" addr="$2" check="${3:---check}" rc=0 name trials
+  if [ "$MODEL_TRIALS" -lt 2 ]; then
+    echo "model flow: skipped (GPU_CHECK_MODEL_TRIALS=$MODEL_TRIALS)"
+    return 0
+  fi
   "$PY" -m kiln models export -o "$dir/models" resnet18 bert_tiny || return 1
   for name in resnet18 bert_tiny; do
     trials=$([ "$name" = resnet18 ] && echo "$MODEL_TRIALS" || echo $((MODEL_TRIALS / 2)))
