@@ -227,3 +227,25 @@ def test_the_knob_is_added_later_and_a_config_without_it_is_the_old_one() -> Non
         t.config_space(one_block).index_of({**old, "reg_n": 5, "prefetch": True})
     )
     assert not t.worth_measuring(one_block, config)
+
+
+def test_an_untuned_direct_conv_prefetches_where_it_has_a_next_block() -> None:
+    """model_kernels.default_config turns the knob on where it is worth measuring (several
+    output-channel blocks), on one thread and on two, and changes nothing else of the config
+    its rule picks; one block keeps it off."""
+    from compiler.graph.model_kernels import _default_in, default_config
+    from compiler.ops import op_templates
+    from compiler.ops.base import threaded_space
+
+    t = op_templates()["conv2d_nchwc"]
+    target = "x86_64-avx512"
+    layer4 = (1, 512, 7, 7, 512, 3, 3, 1, 1, 1)
+    blocks = {"ic_block": 16, "oc_block": 16}
+    for threads in (1, 2):
+        config = default_config(t, layer4, target, blocks, threads)
+        assert config["prefetch"] is True
+        space = threaded_space(t, layer4, threads)
+        before = _default_in(t, layer4, target, space, blocks, threads)
+        assert before["prefetch"] is False and {**before, "prefetch": True} == dict(config)
+    one_block = (1, 16, 7, 7, 16, 3, 3, 1, 1, 1)
+    assert default_config(t, one_block, target, blocks)["prefetch"] is False
