@@ -24,7 +24,7 @@ import numpy as np
 
 from compiler import ops
 from compiler.ops.injective import ELEMENTWISE_OPS
-from kiln.pool import Pool, every_core_held
+from kiln.pool import Pool, pipeline_fitted
 from tuner.loop import Callback, TuneProgress, tune
 from tuner.measure.builder import Builder
 from tuner.measure.device_target import is_cuda_target, is_vta_target
@@ -150,11 +150,11 @@ def _options(options: TuneOptions | None, trials: int | None) -> TuneOptions:
 
 def _pipeline_fits(pool: Pool, options: TuneOptions) -> TuneOptions:
     """`options` without `pipeline` where the pool's local devices hold every core
-    (`kiln.pool.every_core_held`: nothing may run beside their measurements)."""
-    if options.pipeline and every_core_held(pool.core_sets):
+    (`kiln.pool.pipeline_fitted`: nothing may run beside their measurements)."""
+    fitted = pipeline_fitted(options, pool.core_sets)
+    if fitted is not options:
         _LOG.info("not pipelining: the local devices hold every core")
-        return dataclasses.replace(options, pipeline=False)
-    return options
+    return fitted
 
 
 @contextmanager

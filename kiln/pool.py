@@ -17,6 +17,7 @@ sets with `core_sets` (`kiln tune --cores 0-3`), so a local run tunes for that m
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -39,6 +40,7 @@ from tuner.measure.local_pool import LocalPool
 from tuner.measure.pool_runner import NoDeviceError, PoolConfig, PoolRunner
 from tuner.measure.result import EvaluatorConfig
 from tuner.measure.tracker_client import TrackerClient, read_client_token
+from tuner.options import TuneOptions
 
 
 def every_core_held(core_sets: Sequence[Sequence[int]]) -> bool:
@@ -54,6 +56,14 @@ def every_core_held(core_sets: Sequence[Sequence[int]]) -> bool:
     """
     held = {core for cores in core_sets for core in cores}
     return bool(held) and held >= os.sched_getaffinity(0)
+
+
+def pipeline_fitted(options: TuneOptions, core_sets: Sequence[Sequence[int]]) -> TuneOptions:
+    """`options` without `pipeline` where local devices on `core_sets` hold every core
+    (`every_core_held`), else `options` itself: the one rule of the CLI and the API."""
+    if options.pipeline and every_core_held(core_sets):
+        return dataclasses.replace(options, pipeline=False)
+    return options
 
 
 class Pool:

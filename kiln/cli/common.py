@@ -7,7 +7,6 @@ Nothing heavy is imported at module level: `kiln --help` must answer in well und
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -360,17 +359,17 @@ def tune_options(args: argparse.Namespace) -> TuneOptions:
 
 def fit_pipeline(args: argparse.Namespace, options: TuneOptions) -> TuneOptions:
     """`options` without `pipeline` where the --cores sets hold every core here
-    (`kiln.pool.every_core_held`), saying so on stderr when --pipeline was asked for."""
-    from kiln.pool import every_core_held
+    (`kiln.pool.pipeline_fitted`), saying so on stderr when --pipeline was asked for."""
+    from kiln.pool import pipeline_fitted
 
-    if not options.pipeline or not every_core_held(local_core_sets(args)):
-        return options
-    print(
-        "not pipelining: the --cores sets hold every core here, and builds beside a "
-        "measurement would share its cores",
-        file=sys.stderr,
-    )
-    return dataclasses.replace(options, pipeline=False)
+    fitted = pipeline_fitted(options, local_core_sets(args))
+    if fitted is not options:
+        print(
+            "not pipelining: the --cores sets hold every core here, and builds beside a "
+            "measurement would share its cores",
+            file=sys.stderr,
+        )
+    return fitted
 
 
 def check_target_name(target: str | None) -> None:
