@@ -457,11 +457,9 @@ def conv_section(opts: SearchOptions, budget: Budget, builder: Builder | None) -
 def best_peer_geomean(times: Sequence[tuple[float, float, float]]) -> float:
     """Geomean over layers of (the faster peer's ms) / ours, from (ours, peer, second peer)
     per layer; a second peer that was not measured (nan) does not count."""
-    logs = [
-        math.log(min(p for p in (peer, second) if not math.isnan(p)) / ours)
-        for ours, peer, second in times
-    ]
-    return math.exp(sum(logs) / len(logs))
+    return statistics.geometric_mean(
+        min(p for p in (peer, second) if not math.isnan(p)) / ours for ours, peer, second in times
+    )
 
 
 def _conv_workload(

@@ -374,15 +374,14 @@ def packed_entry_source(
         ]
         pointers = ", ".join(f"(void *)({PARAMS_SYMBOL} + {off})" for off in param_offsets(params))
     lines += [
+        f"static void *const kiln_param_table[] = {{{pointers}}};",
         f"const void *{PARAM_ADDRESS}(int32_t i) {{",
-        f"  static const void *const params[] = {{{pointers}}};",
-        f"  return i >= 0 && i < {len(params)} ? params[i] : 0;",
+        f"  return i >= 0 && i < {len(params)} ? kiln_param_table[i] : 0;",
         "}",
         f"int32_t {MODEL_ENTRY}(void **args) {{",
-        f"  void *params[] = {{{pointers}}};",
         f"  uintptr_t ws = (uintptr_t)args[{n_in + n_out}];",
         f"  ws = (ws + {PARAM_ALIGNMENT - 1}) & ~(uintptr_t){PARAM_ALIGNMENT - 1};",
-        f"  return {ENTRY}(args, args + {n_in}, (void *)ws, params);",
+        f"  return {ENTRY}(args, args + {n_in}, (void *)ws, (void **)kiln_param_table);",
         "}",
         "",
     ]
