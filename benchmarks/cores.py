@@ -27,7 +27,8 @@ each thread count of sgemm and the model section run in a child process
 (`benchmarks/cores_child.py`, which says how configs are picked), since OpenBLAS and libgomp
 read their thread settings once. Models use the tuned configs of `--records` where it has them
 for a thread count (`configs_from_records`; the line says how many tasks were tuned), else
-the defaults, which on several threads run their outermost output loops in parallel.
+the defaults, which on several threads run their outermost output loops in parallel; sgemm
+adds the best dense config of `--records` tuned on the same thread count to its candidates.
 
     python benchmarks/cores.py [--sizes 2048x2048,1920x1080] [--rounds 7] [--threads N]
         [--sgemm 1024,2048] [--models resnet18,mobilenet_v2,bert_tiny] [--records R.jsonl]
@@ -47,7 +48,7 @@ auto-vectorization / tuned on all cores (the paper's kind of comparison); blur_v
 all cores, and blur_speedup_full_cores the speed-up over only the rounds whose copy scaled by at
 least 0.75 x the core count (blur_full_core_rounds of them; nan if none): this VM's two vCPUs at
 times move no more bytes together than one does alone. sgemm_ratio: numpy
-time / ours on all cores, the smaller of the sizes (sgemm_ratio_1t on one thread); <model>_ratio:
+time / ours on all cores, the worst over the sizes (sgemm_ratio_1t on one thread); <model>_ratio:
 onnxruntime time / ours on all cores (<model>_ratio_1t on one); scaling_resnet18: ResNet-18 on
 one thread / on all cores (ort_scaling_resnet18 the same for onnxruntime). Each ratio is the
 median over rounds of the ratio within a round.
@@ -191,7 +192,9 @@ def _child(*argv: object) -> dict:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def sgemm_section(sizes: Sequence[int], threads: int, rounds: int) -> dict[str, float]:
+def sgemm_section(
+    sizes: Sequence[int], threads: int, rounds: int, records: str | None = None
+) -> dict[str, float]:
     """sgemm at 1 thread and `threads` against numpy on as many; the worst ratio of each."""
     print(f"\nsgemm vs numpy (OpenBLAS on as many threads), {rounds} interleaved rounds")
     print(
@@ -201,7 +204,7 @@ def sgemm_section(sizes: Sequence[int], threads: int, rounds: int) -> dict[str, 
     counts = tuple(dict.fromkeys((1, threads)))
     for n in sizes:
         for count in counts:
-            r = _child("sgemm", n, count, rounds, MIN_ROUND_S)
+            r = _child("sgemm", n, count, rounds, MIN_ROUND_S, *([records] if records else []))
             gflops = 2 * n**3 / r["ours_s"] / 1e9
             print(
                 f"{n:>6} {count:>7} {r['ours_s'] * 1e3:>8.2f} {r['numpy_s'] * 1e3:>9.2f} "
@@ -259,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--models", default="resnet18,mobilenet_v2,bert_tiny", help="models ('' skips)"
     )
-    parser.add_argument("--records", default=None, help="records of tuned configs for the models")
+    parser.add_argument(
+        "--records", default=None, help="records of tuned configs for the models and sgemm"
+    )
     opts = parser.parse_args(argv)
     pin_openmp_threads()  # before any kernel loads libgomp
     print(f"machine: {_cpu_model()}, {available_cores()} cores usable; all cores = {opts.threads}")
@@ -267,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     timed: dict[str, float] = {}
     sizes = [int(n) for n in opts.sgemm.split(",") if n]
     if sizes:
-        timed.update(sgemm_section(sizes, opts.threads, opts.rounds))
+        timed.update(sgemm_section(sizes, opts.threads, opts.rounds, opts.records))
     names = [n for n in opts.models.split(",") if n]
     if names:
         timed.update(models_section(names, opts.threads, opts.rounds, opts.records))

@@ -8,8 +8,10 @@ numpy loads and prints one JSON line last. `cores.py` starts these and reads tha
 - sgemm N THREADS: the `dense` template against numpy's matmul (OpenBLAS on THREADS threads).
   Candidates: the tuned one-thread config of `kernels_best.json` for this machine's target
   class (`benchmarks/kernels.py`'s records), with, on more than one thread, each `parallel`
-  choice and a few row-block sizes; a quick round picks the fastest, which then alternates with
-  numpy for the rounds (the time of a round: its median call).
+  choice and a few row-block sizes; and, given RECORDS, the best config tuned on THREADS
+  threads there (`kiln tune-op dense --shape N,N,N --cores 0-1 --records R`; records of
+  another thread count never apply). A quick round picks the fastest, which then alternates
+  with numpy for the rounds (the time of a round: its median call).
 - models THREADS NAMES: each model built for one thread and for THREADS (tuned configs of
   --records where they exist for that count, else the defaults, which on THREADS run their
   outermost output loops in parallel), checked against onnxruntime, then ours and
@@ -90,8 +92,10 @@ def _tuned_knobs(n: int) -> dict[str, Any] | None:
     return dict(best["knobs"]) if best else None
 
 
-def sgemm_candidates(n: int, threads: int) -> tuple[list[Config], str]:
-    """The configs to try, and where they came from."""
+def sgemm_candidates(
+    n: int, threads: int, records: str | None = None
+) -> tuple[list[Config], list[str]]:
+    """The configs to try, and where each came from."""
     t = ops.op_templates()["dense"]
     shape = (n, n, n)
     space = threaded_space(t, shape, threads)
@@ -101,21 +105,51 @@ def sgemm_candidates(n: int, threads: int) -> tuple[list[Config], str]:
         source = "the first plausible config (no tuned one for this target)"
         plausible = (c for c in map(space.get, range(len(space))) if t.worth_measuring(shape, c))
         knobs = dict(next(plausible))
+    out: list[Config] = []
+    sources: list[str] = []
     if threads == 1:
-        return [space.get(space.index_of({k.name: knobs[k.name] for k in space.knobs}))], source
-    out = []
-    for m_tiles in dict.fromkeys((knobs["m_tiles"], *M_TILES_TRIED)):
-        for parallel in ("outer", "fused"):
-            config = space.get(space.index_of({**knobs, "m_tiles": m_tiles, "parallel": parallel}))
-            if t.worth_measuring(shape, config):
-                out.append(config)
-    return out, source + " + parallel / m_tiles picked by a quick round"
+        out.append(space.get(space.index_of({k.name: knobs[k.name] for k in space.knobs})))
+        sources.append(source)
+    else:
+        for m_tiles in dict.fromkeys((knobs["m_tiles"], *M_TILES_TRIED)):
+            for parallel in ("outer", "fused"):
+                config = space.get(
+                    space.index_of({**knobs, "m_tiles": m_tiles, "parallel": parallel})
+                )
+                if t.worth_measuring(shape, config):
+                    out.append(config)
+                    sources.append(source + " + parallel / m_tiles")
+    recorded = _recorded_knobs(n, threads, records, len(space)) if records else None
+    if recorded is not None:
+        config = space.get(space.index_of(recorded))
+        if config not in out:
+            out.append(config)
+            sources.append(f"the records' best on {threads} thread(s)")
+    return out, sources
 
 
-def sgemm(n: int, threads: int, rounds: int, min_s: float) -> dict[str, Any]:
+def _recorded_knobs(n: int, threads: int, records: str, space_size: int) -> dict[str, Any] | None:
+    """The knobs of the best dense n^3 config in `records` tuned on `threads` threads for this
+    machine's target class in today's config space (of `space_size`), or None."""
+    from tuner.records import open_store
+    from tuner.records import record as rec
+
+    target = rec.records_target(toolchain.get_target("host").name, threads)
+    workload = rec.Workload("dense", (n, n, n))
+    store = open_store(records)
+    try:
+        best = rec.apply_best(store.load(workload, target), workload, target, space_size)
+    finally:
+        store.close()
+    return None if best is None else dict(best.knobs)
+
+
+def sgemm(
+    n: int, threads: int, rounds: int, min_s: float, records: str | None = None
+) -> dict[str, Any]:
     t = ops.op_templates()["dense"]
     shape = (n, n, n)
-    configs, source = sgemm_candidates(n, threads)
+    configs, sources = sgemm_candidates(n, threads, records)
     kernels = []
     for i, config in enumerate(configs):
         sch, args = t.instantiate(shape, config)
@@ -153,7 +187,7 @@ def sgemm(n: int, threads: int, rounds: int, min_s: float) -> dict[str, Any]:
         "n": n,
         "threads": threads,
         "config": dict(configs[pick]),
-        "source": source,
+        "source": sources[pick] + (" (picked by a quick round)" if len(calls) > 1 else ""),
         "ours_s": statistics.median(times["ours"]),
         "numpy_s": statistics.median(times["numpy"]),
         "ratio": ratio,
@@ -217,9 +251,10 @@ def models(
 
 
 def main(argv: Sequence[str]) -> None:
-    """sgemm N THREADS ROUNDS MIN_S | models THREADS NAMES ROUNDS MIN_S [RECORDS]"""
+    """sgemm N THREADS ROUNDS MIN_S [RECORDS] | models THREADS NAMES ROUNDS MIN_S [RECORDS]"""
     if argv[0] == "sgemm":
-        result = sgemm(int(argv[1]), int(argv[2]), int(argv[3]), float(argv[4]))
+        records = argv[5] if len(argv) > 5 else None
+        result = sgemm(int(argv[1]), int(argv[2]), int(argv[3]), float(argv[4]), records)
     else:
         records = argv[5] if len(argv) > 5 else None
         result = models(int(argv[1]), argv[2].split(","), records, int(argv[3]), float(argv[4]))
