@@ -1,7 +1,7 @@
 """benchmarks/cores.py's sgemm on several threads tries the best config tuned on that many threads
-(`--records`), beside the one-thread config with its parallel and row-block variants; a record
-of another thread count never joins (the one-thread pick read 0.79-0.89x numpy at 2048 on two
-threads of the Xeon, 2026-11-28)."""
+(`--records`), beside the one-thread config with its parallel and row-block variants, so that a
+figure on N threads can rest on tuning on N threads; a record of another thread count never
+joins, however fast (issue 25: a record for one thread count never stands in for another)."""
 
 from __future__ import annotations
 
