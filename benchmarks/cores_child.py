@@ -10,8 +10,9 @@ numpy loads and prints one JSON line last. `cores.py` starts these and reads tha
   class (`benchmarks/kernels.py`'s records), with, on more than one thread, each `parallel`
   choice and a few row-block sizes; and, given RECORDS, the best config tuned on THREADS
   threads there (`kiln tune-op dense --shape N,N,N --cores 0-1 --records R`; records of
-  another thread count never apply). A quick round picks the fastest, which then alternates
-  with numpy for the rounds (the time of a round: its median call).
+  another thread count never apply). A quick round (the candidates interleaved, three rounds,
+  each judged by its median) picks the fastest, which then alternates with numpy for the rounds
+  (the time of a round: its median call).
 - models THREADS NAMES: each model built for one thread and for THREADS (tuned configs of
   --records where they exist for that count, else the defaults, which on THREADS run their
   outermost output loops in parallel), checked against onnxruntime, then ours and
@@ -61,6 +62,7 @@ BEST_FILE = Path(__file__).resolve().parent / "kernels_best.json"
 # Row blocks (m_tiles) tried beside the tuned one on several threads: a block of A is one
 # chunk of the parallel loop, so fewer rows per block give the threads more chunks.
 M_TILES_TRIED = (16, 0)
+PICK_ROUNDS = 3  # interleaved rounds of the quick round that picks among several candidates
 
 
 def median_call_s(call: Callable[[], object], min_s: float) -> float:
@@ -177,8 +179,14 @@ def sgemm(
         calls.append((fn, pointers))
     pick = 0
     if len(calls) > 1:
-        quick = [median_call_s(functools.partial(f, p), min_s / 2) for f, p in calls]
-        pick = int(np.argmin(quick))
+        # the candidates interleaved for PICK_ROUNDS rounds, each judged by its median: one
+        # round each let a moment's slowdown on this shared machine decide the pick
+        quick = interleave(
+            [(str(i), functools.partial(f, p)) for i, (f, p) in enumerate(calls)],
+            PICK_ROUNDS,
+            min_s / 2,
+        )
+        pick = min(range(len(calls)), key=lambda i: statistics.median(quick[str(i)]))
     fn, pointers = calls[pick]
     pair = [("ours", lambda: fn(pointers)), ("numpy", lambda: np.matmul(a, b))]
     times = interleave(pair, rounds, min_s)
